@@ -1,0 +1,221 @@
+"""The ``fanfs`` command: pack a dataset once, mount it read-only anywhere, feed training from it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from . import __version__
+from .format import StoreError
+from .units import human_rate, human_size, parse_size
+
+DESCRIPTION = """\
+fanfs packs a dataset tree once into a store (compressed shards + one global index) and mounts it
+read-only through FUSE, so unmodified training code reads plain POSIX files from node-local storage.
+
+typical use:
+  fanfs pack ~/imagenet /scratch/imagenet.fanfs --progressive-jpeg
+  fanfs mount /scratch/imagenet.fanfs /tmp/imagenet --fidelity 5
+  python train.py --data /tmp/imagenet
+  fanfs umount /tmp/imagenet
+"""
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
+def _print_json(data: object) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    print()
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from .codecs import parse_codec
+    from .pack import PackOptions, pack
+    options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=args.jobs,
+                          force=args.force, progressive_jpeg=args.progressive_jpeg, progress=not args.quiet)
+    if args.scan_script:
+        from .jpeg import ScanScript
+        options.scan_script = ScanScript.load(args.scan_script)
+        options.progressive_jpeg = True
+    report = pack(args.src, args.store, options, on_warning=lambda text: print(f"fanfs: warning: {text}",
+                                                                                file=sys.stderr))
+    ratio = report.bytes_in / report.bytes_stored if report.bytes_stored else float("nan")
+    print(f"packed {report.files:,} files, {report.dirs:,} dirs, {report.symlinks:,} symlinks: "
+          f"{human_size(report.bytes_in)} -> {human_size(report.bytes_stored)} (ratio {ratio:.2f}) "
+          f"in {report.shards:,} shards, {report.seconds:.1f} s ({human_rate(report.bytes_in / max(report.seconds, 1e-9))})")
+    if options.progressive_jpeg:
+        print(f"jpeg: {report.jpeg_records:,} progressive records, {len(report.jpeg_fallbacks):,} kept as plain files")
+        for line in report.jpeg_fallbacks[:20]:
+            print(f"  kept as is: {line}")
+        if len(report.jpeg_fallbacks) > 20:
+            print(f"  ... and {len(report.jpeg_fallbacks) - 20} more")
+    if report.skipped:
+        print(f"skipped {len(report.skipped)} special files (FIFOs, sockets, devices)")
+    return 0
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from .daemon import MountOptions, mount
+    from .store import FULL
+    options = MountOptions(cache_size=args.cache_size, fidelity=FULL, foreground=args.foreground,
+                           allow_other="allow_other" in args.o, debug=args.debug)
+    pid = mount(args.store, args.mountpoint, options)
+    if not args.foreground:
+        from .control import log_path
+        print(f"mounted {args.store} at {args.mountpoint} (daemon pid {pid}, log {log_path(args.mountpoint)})")
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from .daemon import umount
+    umount(args.mountpoint, lazy=args.lazy)
+    print(f"unmounted {args.mountpoint}")
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    from .daemon import wait_ready
+    status = wait_ready(args.mountpoint, args.timeout)
+    print(f"{args.mountpoint} serves {status['store']} (pid {status['pid']})")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from .control import request
+    stats = request(args.mountpoint, {"cmd": "stats"})
+    if args.json:
+        _print_json(stats)
+        return 0
+    hits, misses = stats["cache_hits"], stats["cache_misses"]
+    print(f"mount      {args.mountpoint} -> {stats['store']}")
+    print(f"opens      {stats['opens']:,}   reads {stats['reads']:,}   errors {stats['errors']:,}")
+    print(f"presented  {human_size(stats['bytes_presented'])}   read from storage {human_size(stats['bytes_stored_read'])}")
+    print(f"cache      {hits:,} hits / {misses:,} misses ({100 * hits / max(1, hits + misses):.0f}% hits)")
+    print(f"decode     {stats['decode_seconds']:.3f} s")
+    if stats["stored_by_layer"]:
+        print("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"])))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify
+    report = verify(args.store, args.against, progress=not args.quiet,
+                    on_problem=lambda text: print(f"fanfs: {text}", file=sys.stderr))
+    what = f"{report.shards:,} shards, {report.files:,} files ({human_size(report.bytes)})"
+    if args.against:
+        what += f", compared with {args.against}"
+    if report.ok:
+        print(f"ok: {what}")
+        return 0
+    print(f"FAILED: {len(report.problems)} problems in {what}")
+    return 1
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .info import format_info, store_info
+    from .store import Store
+    store = Store(args.store, check_shards=False)
+    info = store_info(store)
+    if args.json:
+        _print_json(info)
+    else:
+        print(format_info(info))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    return run_demo(args.workdir, keep=args.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fanfs", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"fanfs {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("pack", cmd_pack, "pack a directory tree into a new store (compressed shards + index)")
+    p.add_argument("src", help="directory to pack")
+    p.add_argument("store", help="store directory to create (must not exist, or be empty, or use --force)")
+    p.add_argument("--codec", default="zstd:3", help="zstd:LEVEL (1-22), lz4, lz4:LEVEL (1-12) or raw (default zstd:3)")
+    p.add_argument("--shard-size", type=_size, default="256M", help="source bytes per shard (default 256M)")
+    p.add_argument("--jobs", "-j", type=_positive, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    p.add_argument("--force", action="store_true", help="replace an existing non-empty STORE")
+    p.add_argument("--progressive-jpeg", action="store_true",
+                   help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities")
+    p.add_argument("--scan-script", metavar="FILE", help="jpegtran scan script for the progressive records")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    p = command("mount", cmd_mount, "mount a store read-only; returns once the mount serves")
+    p.add_argument("store")
+    p.add_argument("mountpoint")
+    p.add_argument("--cache-size", type=_size, default="1G", help="memory for decoded blobs (default 1G)")
+    p.add_argument("--foreground", "-f", action="store_true", help="stay attached (for srun/mpiexec, systemd)")
+    p.add_argument("-o", action="append", default=[], metavar="OPTION", help="allow_other: let other users read")
+    p.add_argument("--debug", action="store_true", help="log every FUSE request")
+
+    p = command("umount", cmd_umount, "unmount a fanfs mount and wait for its daemon to exit")
+    p.add_argument("mountpoint")
+    p.add_argument("--lazy", "-z", action="store_true", help="detach now even if files are open")
+
+    p = command("wait", cmd_wait, "wait until the mount at MOUNTPOINT serves")
+    p.add_argument("mountpoint")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+
+    p = command("stats", cmd_stats, "what a running mount has served")
+    p.add_argument("mountpoint")
+    p.add_argument("--json", action="store_true")
+
+    p = command("verify", cmd_verify, "re-check every checksum of a store (and with --against, every byte)")
+    p.add_argument("store")
+    p.add_argument("--against", metavar="SRC", help="also compare with the source tree")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    p = command("info", cmd_info, "what a store holds: files, bytes, ratio per codec, shards")
+    p.add_argument("store")
+    p.add_argument("--json", action="store_true")
+
+    p = command("demo", cmd_demo, "pack, mount and read back a built-in sample dataset, then unmount")
+    p.add_argument("--workdir", help="where to put the sample, store and mount (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("fanfs: interrupted; nothing was left half-done", file=sys.stderr)
+        return 130
+    except (StoreError, ValueError, OSError) as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"fanfs: error: {message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Mount lifecycle: start the FUSE daemon (in the background once it serves), unmount, wait.
+
+``fanfs mount`` returns only when the kernel mount answers, so ``fanfs mount S M && ls M`` works.
+The daemon reports readiness (or the reason it failed) through a pipe; it logs to a file beside its
+control socket.  Stopping: ``fanfs umount`` (fusermount3 -u), or SIGTERM/SIGINT to the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from . import control
+from .format import StoreError
+from .store import FULL, Store
+
+log = logging.getLogger("fanfs")
+
+
+@dataclass
+class MountOptions:
+    cache_size: int = 1 << 30
+    fidelity: int = FULL
+    foreground: bool = False
+    allow_other: bool = False
+    debug: bool = False
+
+
+def check_mountpoint(mountpoint: str) -> None:
+    if not os.path.isdir(mountpoint):
+        raise StoreError(f"mount point {mountpoint} is not a directory: create it first")
+    if os.path.ismount(mountpoint):
+        raise StoreError(f"{mountpoint} is already a mount point: 'fanfs umount {mountpoint}' first")
+
+
+def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
+    """Open and check the store here (clear errors), then serve it; returns the daemon's pid."""
+    mountpoint = os.path.abspath(mountpoint)
+    check_mountpoint(mountpoint)
+    store = Store(os.path.abspath(store_path), cache_size=options.cache_size)
+    if options.foreground:
+        _setup_logging(None, options.debug)
+        run_daemon(store, mountpoint, options, ready_fd=None)
+        return os.getpid()
+    logfile = control.log_path(mountpoint)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        os.close(read_end)
+        code = 1
+        try:
+            os.setsid()
+            os.chdir("/")
+            _detach(logfile)
+            _setup_logging(logfile, options.debug)
+            run_daemon(store, mountpoint, options, ready_fd=write_end)
+            code = 0
+        except BaseException as err:  # report to the waiting parent, then leave without cleanup handlers
+            _report(write_end, f"error: {err}")
+            log.exception("daemon failed")
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    store.close()
+    message = _await(read_end, timeout=120)
+    if message != "ready":
+        tail = _log_tail(logfile)
+        raise StoreError(f"mount of {store_path} at {mountpoint} failed: {message.removeprefix('error: ')}"
+                         + (f" ({tail})" if tail else ""))
+    return pid
+
+
+def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None) -> None:
+    """Serve ``store`` at ``mountpoint`` in this process until unmounted."""
+    from .fusefs import FanfsOperations, serve
+
+    def ready() -> None:
+        log.info("serving %s at %s (pid %d)", store.root, mountpoint, os.getpid())
+        if ready_fd is not None:
+            _report(ready_fd, "ready")
+
+    ops = FanfsOperations(store, options.fidelity, ready)
+    # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
+    server = control.ControlServer(mountpoint, {
+        "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
+                             "fidelity": ops.fidelity},
+        "stats": lambda m: {"store": store.root, "fidelity": ops.fidelity, **store.stats.as_dict()},
+    })
+    try:
+        serve(store, mountpoint, ops, allow_other=options.allow_other, debug=options.debug)
+    finally:
+        server.close()
+        store.close()
+        log.info("unmounted %s", mountpoint)
+
+
+def _report(fd: int, message: str) -> None:
+    try:
+        os.write(fd, message.encode()[:4000])
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _await(fd: int, timeout: float) -> str:
+    """The daemon's first message; if it dies silently, say so."""
+    import select
+    deadline = time.monotonic() + timeout
+    chunks = []
+    with os.fdopen(fd, "rb") as pipe:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([pipe], [], [], 0.5)
+            if ready:
+                data = os.read(pipe.fileno(), 4096)
+                if not data:
+                    break
+                chunks.append(data)
+                if b"".join(chunks) == b"ready":
+                    return "ready"
+        else:
+            return f"the daemon did not report within {timeout:.0f} s"
+    text = b"".join(chunks).decode(errors="replace")
+    return text or "the daemon exited before mounting"
+
+
+def _detach(logfile: str) -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    out = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(devnull, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(devnull)
+    os.close(out)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+def _setup_logging(logfile: str | None, debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s fanfs[{os.getpid()}] %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    logging.getLogger("mfusepy").setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
+def _log_tail(logfile: str) -> str:
+    try:
+        with open(logfile, errors="replace") as f:
+            lines = [line.strip() for line in f.readlines()[-3:] if line.strip()]
+    except OSError:
+        return ""
+    return f"log {logfile}: " + " | ".join(lines) if lines else ""
+
+
+def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> None:
+    """Unmount and wait until the daemon has gone."""
+    mountpoint = os.path.abspath(mountpoint)
+    if not os.path.ismount(mountpoint):
+        raise StoreError(f"nothing is mounted at {mountpoint}")
+    try:
+        pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
+    except (control.ControlError, KeyError, TimeoutError):
+        pid = None
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    cmd = [tool, "-u", *(["-z"] if lazy else []), mountpoint] if tool else ["umount", mountpoint]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cmd[0]} failed"
+        if "busy" in reason.lower():
+            reason += "; close the files open under it, or use --lazy"
+        raise StoreError(f"cannot unmount {mountpoint}: {reason}")
+    if pid is not None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def wait_ready(mountpoint: str, timeout: float) -> dict:
+    """Block until the daemon of ``mountpoint`` serves (``fanfs wait``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if os.path.ismount(mountpoint):
+                return control.request(mountpoint, {"cmd": "status"}, timeout=5)
+        except control.ControlError:
+            pass
+        if time.monotonic() > deadline:
+            raise StoreError(f"{mountpoint} did not become ready within {timeout:.0f} s")
+        time.sleep(0.1)

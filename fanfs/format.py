@@ -1,0 +1,140 @@
+"""On-disk format of a store: constants, the shard header, and the index file container.
+
+A store is one directory::
+
+    STORE/index             global metadata: JSON header + numpy columns, checksummed as a whole
+    STORE/shards/000000     blobs, layer-major, behind a small header naming the store
+
+The index container is ``MAGIC, version, JSON length, JSON, columns (64-byte aligned), xxh3-64 of all
+that``.  Columns are read with ``numpy.frombuffer`` on an mmap, so opening an index of millions of
+entries costs one checksum pass and no Python object per entry.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xxhash
+
+FORMAT_VERSION = 1
+INDEX_MAGIC = b"FANFSIDX"
+SHARD_MAGIC = b"FANFSSHD"
+INDEX_NAME = "index"
+SHARD_DIR = "shards"
+SHARD_HEADER = struct.Struct("<8sII16s32x")  # magic, format version, shard number, store id
+CHUNK_SIZE = 1 << 20  # files larger than this are split into independently decodable chunks
+
+_INDEX_HEAD = struct.Struct("<8sIIQ")  # magic, version, reserved, JSON length
+_ALIGN = 64
+
+# Entry kinds (the file type) and record kinds (how a file's layers present it).
+DIR, FILE, SYMLINK = 0, 1, 2
+RECORD_PLAIN, RECORD_JPEG = 0, 1
+
+checksum = xxhash.xxh3_64_intdigest
+"""The checksum of every blob, file, shard and the index: xxh3-64 (tens of GB/s, non-cryptographic)."""
+
+
+class StoreError(Exception):
+    """A store that cannot be used as asked; the message says why and what to do."""
+
+
+def shard_name(shard: int) -> str:
+    return f"{shard:06d}"
+
+
+def shard_header(shard: int, store_id: bytes) -> bytes:
+    return SHARD_HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, shard, store_id)
+
+
+def check_shard_header(head: bytes, shard: int, store_id: bytes, where: str) -> None:
+    if len(head) < SHARD_HEADER.size:
+        raise StoreError(f"{where}: shard is truncated")
+    magic, version, number, sid = SHARD_HEADER.unpack_from(head)
+    if magic != SHARD_MAGIC or version != FORMAT_VERSION:
+        raise StoreError(f"{where}: not a fanfs shard of format version {FORMAT_VERSION}")
+    if number != shard or sid != store_id:
+        raise StoreError(f"{where}: shard belongs to another store or position (shard {number})")
+
+
+def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.ndarray]) -> int:
+    """Write the index container durably (temp name, fsync, rename); returns its size."""
+    layout: dict[str, list[Any]] = {}
+    offset = 0
+    for name, column in columns.items():
+        offset = -(-offset // _ALIGN) * _ALIGN
+        layout[name] = [column.dtype.str, offset, int(column.size)]
+        offset += column.nbytes
+    head_json = json.dumps({**meta, "columns": layout}, sort_keys=True).encode()
+    head = _INDEX_HEAD.pack(INDEX_MAGIC, FORMAT_VERSION, 0, len(head_json)) + head_json
+    base = -(-len(head) // _ALIGN) * _ALIGN
+    digest = xxhash.xxh3_64()
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as out:
+        def put(data: bytes | memoryview) -> None:
+            out.write(data)
+            digest.update(data)
+
+        put(head.ljust(base, b"\0"))
+        pos = 0
+        for name, column in columns.items():
+            start = layout[name][1]
+            put(b"\0" * (start - pos))
+            put(memoryview(np.ascontiguousarray(column)).cast("B"))
+            pos = start + column.nbytes
+        out.write(struct.pack("<Q", digest.intdigest()))
+        out.flush()
+        os.fsync(out.fileno())
+        size = out.tell()
+    os.replace(tmp, path)
+    return size
+
+
+def read_index(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], mmap.mmap]:
+    """Map an index, verify its checksum and version, and return (meta, read-only columns, the map).
+
+    The checksum is computed with buffered reads rather than through the map so that verifying a
+    large index does not leave it all resident in this process.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise StoreError(f"{os.path.dirname(path) or '.'}: no index: not a fanfs store, or its pack did not finish "
+                         "(run 'fanfs pack' again)") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size < _INDEX_HEAD.size + 8:
+            raise StoreError(f"{path}: index is truncated ({size} bytes)")
+        magic, version, _, json_len = _INDEX_HEAD.unpack(os.pread(fd, _INDEX_HEAD.size, 0))
+        if magic != INDEX_MAGIC:
+            raise StoreError(f"{path}: not a fanfs index")
+        if version != FORMAT_VERSION:
+            raise StoreError(f"{path}: store format version {version}, this fanfs reads version {FORMAT_VERSION}; "
+                             "repack the source with this fanfs")
+        digest = xxhash.xxh3_64()
+        pos, end = 0, size - 8
+        while pos < end:
+            block = os.pread(fd, min(8 << 20, end - pos), pos)
+            if not block:
+                break
+            digest.update(block)
+            pos += len(block)
+        (expected,) = struct.unpack("<Q", os.pread(fd, 8, end))
+        if pos != end or digest.intdigest() != expected:
+            raise StoreError(f"{path}: index checksum mismatch: the index is corrupt or truncated; "
+                             "copy the store again or repack")
+        mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    start = _INDEX_HEAD.size
+    meta = json.loads(bytes(mapped[start:start + json_len]))
+    base = -(-(start + json_len) // _ALIGN) * _ALIGN
+    columns = {name: np.frombuffer(mapped, dtype=np.dtype(dtype), count=count, offset=base + offset)
+               for name, (dtype, offset, count) in meta.pop("columns").items()}
+    return meta, columns, mapped

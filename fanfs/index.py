@@ -1,0 +1,117 @@
+"""The global index: every path, its attributes and where its bytes are, as numpy columns.
+
+Entries are in breadth-first order with each directory's children contiguous and sorted, so a
+listing is one slice.  Paths are stored whole (relative, no leading slash; the root is ``b""``) in
+one byte blob; a sorted array of their xxh3 hashes turns a FUSE path into an entry with one binary
+search and one byte comparison, without a Python dict of millions of keys.
+
+Per entry, ``first``/``count`` mean: the blob range (file), the child range (directory), the target
+byte range in ``targets`` (symlink).  A file's blobs are ordered layer by layer; ``layers`` says how
+many layers there are (one for plain files, one per scan group for progressive JPEG records).
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .format import DIR, SYMLINK, checksum, read_index, write_index
+
+ENTRY_COLUMNS = {
+    "parent": np.uint32, "type": np.uint8, "record": np.uint8, "mode": np.uint32, "mtime": np.int64,
+    "size": np.uint64, "first": np.uint64, "count": np.uint32, "layers": np.uint16, "codec": np.uint8,
+    "shard": np.uint32, "checksum": np.uint64,
+}
+BLOB_COLUMNS = {"blob_offset": np.uint64, "blob_stored": np.uint32, "blob_raw": np.uint32,
+                "blob_checksum": np.uint64}
+SHARD_COLUMNS = {"shard_size": np.uint64, "shard_checksum": np.uint64}
+
+
+class Index:
+    """Read-only view of an index file; attribute columns are public numpy arrays."""
+
+    def __init__(self, path: str) -> None:
+        self.meta, columns, self._map = read_index(path)
+        for name, column in columns.items():
+            setattr(self, name, column)
+        self.entries = int(self.parent.size)
+        self._paths_view: mmap.mmap | np.ndarray = columns["paths"]
+        self._path_offset = columns["path_offset"]
+        self._hash_sorted = columns["hash_sorted"]
+        self._hash_entry = columns["hash_entry"]
+        self.dictionaries = {name[5:]: column.tobytes() for name, column in columns.items()
+                             if name.startswith("dict:")}
+
+    def path(self, entry: int) -> bytes:
+        offsets = self._path_offset
+        return self._paths_view[int(offsets[entry]):int(offsets[entry + 1])].tobytes()
+
+    def lookup(self, path: bytes) -> int:
+        """Entry number of a relative path, or -1."""
+        digest = checksum(path)
+        hashes = self._hash_sorted
+        i = int(hashes.searchsorted(digest))
+        while i < hashes.size and int(hashes[i]) == digest:
+            entry = int(self._hash_entry[i])
+            if self.path(entry) == path:
+                return entry
+            i += 1
+        return -1
+
+    def children(self, entry: int) -> list[bytes]:
+        """Names in a directory, sorted; one slice of the path blob, split by the offsets."""
+        first, count = int(self.first[entry]), int(self.count[entry])
+        if count == 0:
+            return []
+        offsets = self._path_offset[first:first + count + 1].astype(np.int64)
+        blob = self._paths_view[offsets[0]:offsets[-1]].tobytes()
+        skip = len(self.path(entry)) + (1 if entry else 0)
+        rel = (offsets - offsets[0]).tolist()
+        return [blob[a + skip:b] for a, b in zip(rel, rel[1:])]
+
+    def target(self, entry: int) -> bytes:
+        first, count = int(self.first[entry]), int(self.count[entry])
+        return self.targets[first:first + count].tobytes()
+
+    def close(self) -> None:
+        for name in list(vars(self)):
+            if isinstance(getattr(self, name), np.ndarray):
+                delattr(self, name)
+        self._paths_view = self._path_offset = self._hash_sorted = self._hash_entry = None  # type: ignore
+        try:
+            self._map.close()
+        except BufferError:  # a caller still holds a column view; the map goes with it
+            pass
+
+
+def build_index(path: str, meta: Mapping[str, Any], paths: list[bytes], columns: Mapping[str, np.ndarray],
+                targets: bytes, dictionaries: Mapping[str, bytes]) -> int:
+    """Write an index from per-entry ``paths`` (BFS order) and the entry/blob/shard columns."""
+    lengths = np.fromiter((len(p) for p in paths), dtype=np.uint64, count=len(paths))
+    path_offset = np.zeros(len(paths) + 1, dtype=np.uint64)
+    np.cumsum(lengths, out=path_offset[1:])
+    hashes = np.fromiter((checksum(p) for p in paths), dtype=np.uint64, count=len(paths))
+    order = np.argsort(hashes, kind="stable")
+    out: dict[str, np.ndarray] = {
+        "paths": np.frombuffer(b"".join(paths), dtype=np.uint8),
+        "path_offset": path_offset,
+        "hash_sorted": hashes[order],
+        "hash_entry": order.astype(np.uint32),
+        "targets": np.frombuffer(targets, dtype=np.uint8),
+    }
+    for name, dtype in {**ENTRY_COLUMNS, **BLOB_COLUMNS, **SHARD_COLUMNS}.items():
+        out[name] = np.asarray(columns[name], dtype=dtype)
+    for name, data in dictionaries.items():
+        out["dict:" + name] = np.frombuffer(data, dtype=np.uint8)
+    return write_index(path, meta, out)
+
+
+def is_dir(index: Index, entry: int) -> bool:
+    return int(index.type[entry]) == DIR
+
+
+def is_symlink(index: Index, entry: int) -> bool:
+    return int(index.type[entry]) == SYMLINK

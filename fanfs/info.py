@@ -1,0 +1,62 @@
+"""``fanfs info``: what a store holds and how well it compressed, as text or JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .codecs import codec_from_config
+from .store import Store
+from .units import human_size
+
+
+def store_info(store: Store) -> dict[str, Any]:
+    meta = store.meta
+    totals = dict(meta["totals"])
+    sizes = store.index.shard_size
+    codecs = []
+    for ix, stats in meta["codec_stats"].items():
+        codec = codec_from_config(meta["codecs"][int(ix)], store.index.dictionaries)
+        codecs.append({"codec": codec.spec, "files": stats["files"], "raw": stats["raw"], "stored": stats["stored"],
+                       "ratio": round(stats["raw"] / stats["stored"], 3) if stats["stored"] else None})
+    return {
+        "store": store.root, "store_id": meta["store_id"], "format": meta["format"], "created": meta["created"],
+        "source": meta["source"], **totals,
+        "ratio": round(totals["bytes_in"] / totals["bytes_stored"], 3) if totals["bytes_stored"] else None,
+        "codecs": codecs,
+        "shard_bytes": {"min": int(sizes.min()) if sizes.size else 0, "max": int(sizes.max()) if sizes.size else 0,
+                        "total": int(sizes.sum())},
+        "index_bytes": int(store.index._map.size()),
+        "jpeg_layers": _jpeg_layers(store),
+    }
+
+
+def _jpeg_layers(store: Store) -> dict[str, int]:
+    """How many JPEG records have how many layers (scan groups)."""
+    ix = store.index
+    layers = ix.layers[ix.record == 1]
+    values, counts = np.unique(layers, return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(values, counts)}
+
+
+def format_info(info: dict[str, Any]) -> str:
+    lines = [
+        f"store      {info['store']}  (id {info['store_id'][:12]}, format {info['format']}, created {info['created']})",
+        f"source     {info['source']}",
+        f"entries    {info['files']:,} files, {info['dirs']:,} dirs, {info['symlinks']:,} symlinks",
+        f"bytes      {human_size(info['bytes_in'])} in source -> {human_size(info['bytes_stored'])} stored"
+        + (f"  (ratio {info['ratio']:.2f})" if info["ratio"] else ""),
+        f"shards     {info['shards']:,} ({human_size(info['shard_bytes']['total'])}; "
+        f"{human_size(info['shard_bytes']['min'])} .. {human_size(info['shard_bytes']['max'])} each), "
+        f"index {human_size(info['index_bytes'])}",
+    ]
+    if info["jpeg_records"] or info["jpeg_fallbacks"]:
+        lines.append(f"jpeg       {info['jpeg_records']:,} progressive records (layers: "
+                     + ", ".join(f"{k}: {v}" for k, v in info["jpeg_layers"].items())
+                     + f"), {info['jpeg_fallbacks']:,} kept as plain files")
+    lines.append("codec            files        raw     stored   ratio")
+    for c in info["codecs"]:
+        ratio = f"{c['ratio']:.2f}" if c["ratio"] else "-"
+        lines.append(f"{c['codec']:<14} {c['files']:>7,} {human_size(c['raw']):>10} {human_size(c['stored']):>10} {ratio:>7}")
+    return "\n".join(lines)

@@ -1,0 +1,30 @@
+"""Human-readable sizes and rates, both ways (``256M`` on the command line, ``1.3 GiB`` in reports)."""
+
+from __future__ import annotations
+
+import re
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``"256M"`` -> 268435456.  Binary multiples (K = 1024); a trailing ``B``/``iB`` is accepted."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use e.g. 512K, 256M, 2G)")
+    return int(float(match.group(1)) * _SUFFIX[match.group(2).upper()])
+
+
+def human_size(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_rate(bytes_per_second: float) -> str:
+    return human_size(bytes_per_second) + "/s"

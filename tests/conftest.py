@@ -1,0 +1,83 @@
+"""Shared fixtures: run the real ``fanfs`` command and mount real FUSE file systems, always unmounted."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def fanfs(*args: str | os.PathLike, check: bool = True, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``python -m fanfs ARGS`` as a user would; returns the completed process."""
+    done = subprocess.run([sys.executable, "-m", "fanfs", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+    if check and done.returncode != 0:
+        raise AssertionError(f"fanfs {' '.join(map(str, args))} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def force_unmount(mountpoint: Path) -> None:
+    """Last-resort cleanup: lazy unmount and kill whatever daemon served it."""
+    if os.path.ismount(mountpoint):
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
+    for _ in range(100):
+        if not os.path.ismount(mountpoint):
+            break
+        time.sleep(0.05)
+
+
+def daemon_pids(mountpoint: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"fanfs mount .* {mountpoint}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@contextlib.contextmanager
+def mounted(store: Path, mountpoint: Path, *options: str):
+    """Mount with the real CLI; unmount (and kill a stuck daemon) however the block ends."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    fanfs("mount", store, mountpoint, *options)
+    try:
+        yield mountpoint
+    finally:
+        if os.path.ismount(mountpoint):
+            fanfs("umount", mountpoint, check=False)
+        force_unmount(mountpoint)
+        for pid in daemon_pids(mountpoint):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def mount(tmp_path: Path):
+    """``with mount(store, *options) as mnt:`` — a fresh mount point under tmp_path."""
+    count = 0
+
+    def _mount(store: Path, *options: str):
+        nonlocal count
+        count += 1
+        return mounted(store, tmp_path / f"mnt{count}", *options)
+
+    return _mount
+
+
+@pytest.fixture(scope="session")
+def runtime_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("runtime")
+    os.environ["FANFS_RUNTIME_DIR"] = str(path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_runtime(runtime_dir):
+    """Control sockets and logs of test mounts live in a private directory."""
+    yield

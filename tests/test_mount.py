@@ -1,0 +1,269 @@
+"""Issue 2: pack a tree, mount it with real FUSE, read it with real processes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import daemon_pids, fanfs, force_unmount
+from trees import SPARSE_SIZE, make_torture_tree, sha256_file, tree_listing
+
+from fanfs.format import SHARD_DIR, shard_name
+from fanfs.store import Store
+
+
+@pytest.fixture(scope="module")
+def torture(tmp_path_factory):
+    base = tmp_path_factory.mktemp("torture")
+    src = make_torture_tree(base / "src")
+    store = base / "store"
+    done = fanfs("pack", src, store, "--shard-size", "64K", "--jobs", "2", "--quiet")
+    assert "FIFO a_fifo" in done.stderr  # special files are skipped with a warning
+    return src, store
+
+
+def test_pack_verify_against_source(torture):
+    src, store = torture
+    done = fanfs("verify", store, "--against", src, "--quiet")
+    assert done.stdout.startswith("ok:")
+
+
+def test_every_file_byte_exact_through_mount(torture, mount):
+    src, store = torture
+    with mount(store) as mnt:
+        expected = {p: v for p, v in tree_listing(src).items()}
+        assert tree_listing(mnt) == expected  # same names, types, modes, sizes, mtimes, link targets
+        for rel, (kind, *_rest) in expected.items():
+            if kind == stat.S_IFREG:
+                # a separate process reads each file, as training code would
+                assert sha256_file(os.path.join(os.fsencode(mnt), rel)) == sha256_file(os.path.join(os.fsencode(src), rel)), rel
+        out = subprocess.run(["cat", str(mnt / "train" / "cat" / "1.txt")], capture_output=True, check=True).stdout
+        assert out == (src / "train" / "cat" / "1.txt").read_bytes()
+
+
+def test_sparse_file_read_past_4gib_without_reading_it_all(torture, mount):
+    src, store = torture
+    with mount(store) as mnt:
+        path = mnt / "sparse.img"
+        assert path.stat().st_size == SPARSE_SIZE
+        with open(path, "rb") as f:
+            f.seek((1 << 32) + 100)
+            assert f.read(9) == b"past-4GiB"
+            f.seek((1 << 32) + 50)
+            assert f.read(50) == bytes(50)
+            f.seek(SPARSE_SIZE - 3)
+            assert f.read(10) == bytes(3)
+        stats = fanfs("stats", mnt, "--json").stdout
+        assert '"bytes_presented"' in stats
+
+
+def test_writes_are_refused_with_erofs(torture, mount):
+    src, store = torture
+    with mount(store) as mnt:
+        attempts = [
+            lambda: open(mnt / "new_file", "w"),
+            lambda: open(mnt / "empty.dat", "a"),
+            lambda: open(mnt / "empty.dat", "r+b"),
+            lambda: os.mkdir(mnt / "newdir"),
+            lambda: os.unlink(mnt / "empty.dat"),
+            lambda: os.rmdir(mnt / "empty_dir" / "deeper_empty"),
+            lambda: os.rename(mnt / "empty.dat", mnt / "moved"),
+            lambda: os.chmod(mnt / "empty.dat", 0o777),
+            lambda: os.symlink("x", mnt / "newlink"),
+            lambda: os.truncate(mnt / "empty.dat", 10),
+            lambda: os.utime(mnt / "empty.dat"),
+        ]
+        for attempt in attempts:
+            with pytest.raises(OSError) as info:
+                attempt()
+            assert info.value.errno == errno.EROFS
+
+
+def test_flipped_byte_gives_eio_on_that_file_only(torture, tmp_path, mount):
+    src, store = torture
+    bad = tmp_path / "bad"
+    shutil.copytree(store, bad)
+    s = Store(str(bad))
+    victim = s.lookup(b"train/dog/1.bin")
+    blob = int(s.index.first[victim])
+    shard = int(s.index.shard[victim])
+    offset = int(s.index.blob_offset[blob]) + 100
+    s.close()
+    shard_path = bad / SHARD_DIR / shard_name(shard)
+    data = bytearray(shard_path.read_bytes())
+    data[offset] ^= 0x01
+    shard_path.write_bytes(bytes(data))
+    with mount(bad) as mnt:
+        with pytest.raises(OSError) as info:
+            (mnt / "train" / "dog" / "1.bin").read_bytes()
+        assert info.value.errno == errno.EIO
+        for rel, (kind, *_rest) in tree_listing(src).items():
+            if kind == stat.S_IFREG and rel != b"train/dog/1.bin":
+                assert sha256_file(os.path.join(os.fsencode(mnt), rel)) == sha256_file(os.path.join(os.fsencode(src), rel))
+        assert json.loads(fanfs("stats", mnt, "--json").stdout)["errors"] >= 1
+    logs = "".join(p.read_text(errors="replace") for p in Path(os.environ["FANFS_RUNTIME_DIR"]).glob("*.log"))
+    assert "train/dog/1.bin" in logs and f"shard {shard_name(shard)}" in logs
+    verify = fanfs("verify", bad, "--quiet", check=False)
+    assert verify.returncode == 1 and "train/dog/1.bin" in verify.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncate-index", "missing-shard", "foreign-shard"])
+def test_damaged_store_is_refused_at_mount(torture, tmp_path, damage):
+    src, store = torture
+    bad = tmp_path / "bad"
+    shutil.copytree(store, bad)
+    if damage == "truncate-index":
+        with open(bad / "index", "r+b") as f:
+            f.truncate(os.path.getsize(bad / "index") // 2)
+        reason = "index"
+    elif damage == "missing-shard":
+        (bad / SHARD_DIR / shard_name(0)).unlink()
+        reason = "incomplete store"
+    else:
+        other = tmp_path / "other"
+        (tmp_path / "one").mkdir()
+        (tmp_path / "one" / "f").write_text("x")
+        fanfs("pack", tmp_path / "one", other, "--quiet")
+        size = (bad / SHARD_DIR / shard_name(0)).stat().st_size
+        foreign = (other / SHARD_DIR / shard_name(0)).read_bytes()
+        (bad / SHARD_DIR / shard_name(0)).write_bytes(foreign.ljust(size, b"\0")[:size])
+        reason = "another store"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        done = fanfs("mount", bad, mnt, check=False)
+        assert done.returncode != 0
+        assert reason in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        assert not os.path.ismount(mnt)
+    finally:
+        force_unmount(mnt)
+
+
+def test_pack_refuses_existing_store_and_replaces_with_force(torture, tmp_path):
+    src, _ = torture
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "a").write_text("a")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_text("precious")
+    done = fanfs("pack", small, target, check=False)
+    assert done.returncode == 1 and "--force" in done.stderr
+    assert (target / "keep").read_text() == "precious"
+    fanfs("pack", small, target, "--force", "--quiet")
+    assert not (target / "keep").exists() and (target / "index").exists()
+    assert not list(tmp_path.glob("target.*"))
+
+
+def test_pack_of_unreadable_file_fails_cleanly(torture, tmp_path, mount):
+    """A source whose file gives EIO (a fanfs mount with a damaged shard): one line, no store left."""
+    src, store = torture
+    bad = tmp_path / "bad"
+    shutil.copytree(store, bad)
+    s = Store(str(bad))
+    victim = s.lookup(b"train/cat/1.txt")
+    shard_path = bad / SHARD_DIR / shard_name(int(s.index.shard[victim]))
+    offset = int(s.index.blob_offset[int(s.index.first[victim])])
+    s.close()
+    data = bytearray(shard_path.read_bytes())
+    data[offset] ^= 0xFF
+    shard_path.write_bytes(bytes(data))
+    with mount(bad) as mnt:
+        out = tmp_path / "out"
+        done = fanfs("pack", mnt / "train", out, "--quiet", check=False)
+    assert done.returncode == 1
+    assert "cannot read" in done.stderr and "1.txt" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not out.exists() and not list(tmp_path.glob("out.*"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_pack_on_full_disk_fails_cleanly(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big").write_bytes(os.urandom(3 << 20))
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        done = fanfs("pack", src, small / "store", check=False)
+        assert done.returncode == 1 and "no space" in done.stderr.lower()
+        assert os.listdir(small) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_interrupted_pack_leaves_nothing(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"f{i}").write_bytes(os.urandom(4 << 20))
+    store = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-m", "fanfs", "pack", str(src), str(store), "--codec", "zstd:19"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("store.partial-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert not store.exists() and not list(tmp_path.glob("store.*"))
+    fanfs("pack", src, store, "--codec", "lz4", "--quiet")  # a rerun works
+    assert (store / "index").exists()
+
+
+def test_umount_and_signals(torture, tmp_path):
+    src, store = torture
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        done = fanfs("umount", mnt, check=False)
+        assert done.returncode == 1 and "nothing is mounted" in done.stderr
+        fanfs("mount", store, mnt)
+        pids = daemon_pids(mnt)
+        assert len(pids) == 1 and os.path.ismount(mnt)
+        os.kill(pids[0], signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while (os.path.ismount(mnt) or daemon_pids(mnt)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.ismount(mnt) and not daemon_pids(mnt)
+        fanfs("mount", store, mnt)
+        assert (mnt / "empty.dat").exists()
+        fanfs("umount", mnt)
+        assert not os.path.ismount(mnt) and not daemon_pids(mnt)
+    finally:
+        force_unmount(mnt)
+
+
+def test_bad_options_are_one_line_errors(torture, tmp_path):
+    src, store = torture
+    for args in (["pack", src, tmp_path / "x", "--codec", "zstd:99"], ["pack", src, tmp_path / "y", "--codec", "brotli"],
+                 ["pack", tmp_path / "nope", tmp_path / "z"], ["mount", store, tmp_path / "no-such-dir"],
+                 ["mount", tmp_path / "no-store", tmp_path], ["info", tmp_path]):
+        done = fanfs(*args, check=False)
+        assert done.returncode == 1, args
+        assert done.stderr.startswith("fanfs: error:") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    done = fanfs("pack", src, tmp_path / "w", "--shard-size", "lots", check=False)
+    assert done.returncode == 2 and "not a size" in done.stderr
+
+
+def test_core_reads_without_fuse(torture):
+    src, store = torture
+    s = Store(str(store))
+    assert s.read_file("train/cat/1.txt") == (src / "train" / "cat" / "1.txt").read_bytes()
+    entry = s.lookup(b"sparse.img")
+    assert s.read(entry, (1 << 32) + 100, 9) == b"past-4GiB"
+    assert [name for name, _, _ in s.listdir(s.lookup(b"train"))] == [b"cat", b"dog"]
+    assert s.readlink(s.lookup(b"link_rel")) == b"train/cat/1.txt"
+    with pytest.raises(FileNotFoundError):
+        s.lookup(b"nope")
+    s.close()
