@@ -72,11 +72,29 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resolve_fidelity(store_path: str, text: str) -> int:
+    """A fidelity option as a layer count; ``auto:X`` is looked up on the store's measured curve."""
+    from .fidelity import cached_curve, parse_fidelity
+    from .store import FULL, Store
+    value = parse_fidelity(text)
+    if isinstance(value, int):
+        return value
+    store = Store(store_path, check_shards=False)
+    curve = cached_curve(store, sample=AUTO_SAMPLE)
+    store.close()
+    k = curve.recommend(value)
+    print(f"fidelity auto:{value} -> {'full' if k == FULL else k} (smallest K with mean SSIM >= {value} "
+          f"over {curve.images} sampled images)")
+    return k
+
+
+AUTO_SAMPLE = 100
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     from .daemon import MountOptions, mount
-    from .store import FULL
-    options = MountOptions(cache_size=args.cache_size, fidelity=FULL, foreground=args.foreground,
-                           allow_other="allow_other" in args.o, debug=args.debug)
+    options = MountOptions(cache_size=args.cache_size, fidelity=_resolve_fidelity(args.store, args.fidelity),
+                           foreground=args.foreground, allow_other="allow_other" in args.o, debug=args.debug)
     pid = mount(args.store, args.mountpoint, options)
     if not args.foreground:
         from .control import log_path
@@ -98,6 +116,34 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ctl(args: argparse.Namespace) -> int:
+    from .control import request
+    from .store import FULL
+    status = request(args.mountpoint, {"cmd": "status"})
+    k = _resolve_fidelity(status["store"], args.fidelity)
+    answer = request(args.mountpoint, {"cmd": "fidelity", "fidelity": k}, timeout=600)
+    print(f"{args.mountpoint}: fidelity {'full' if k == FULL else k} for files opened from now on "
+          f"({answer['invalidated']:,} cached files invalidated, {answer['deferred']:,} open ones switch at close)")
+    return 0
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from .fidelity import analyse, format_curve, plot_curve
+    from .store import Store
+    store = Store(args.store, check_shards=False)
+    curve = analyse(store, args.sample, args.seed, progress=not args.json)
+    if args.plot:
+        plot_curve(curve, args.min_ssim, args.plot)
+    if args.json:
+        from dataclasses import asdict
+        _print_json({**asdict(curve), "min_ssim": args.min_ssim, "recommended": curve.recommend(args.min_ssim)})
+    else:
+        print(format_curve(curve, args.min_ssim))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     from .control import request
     stats = request(args.mountpoint, {"cmd": "stats"})
@@ -105,7 +151,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         _print_json(stats)
         return 0
     hits, misses = stats["cache_hits"], stats["cache_misses"]
-    print(f"mount      {args.mountpoint} -> {stats['store']}")
+    from .store import FULL
+    fidelity = "full" if stats["fidelity"] == FULL else stats["fidelity"]
+    print(f"mount      {args.mountpoint} -> {stats['store']}  (fidelity {fidelity})")
     print(f"opens      {stats['opens']:,}   reads {stats['reads']:,}   errors {stats['errors']:,}")
     print(f"presented  {human_size(stats['bytes_presented'])}   read from storage {human_size(stats['bytes_stored_read'])}")
     print(f"cache      {hits:,} hits / {misses:,} misses ({100 * hits / max(1, hits + misses):.0f}% hits)")
@@ -173,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     p.add_argument("mountpoint")
     p.add_argument("--cache-size", type=_size, default="1G", help="memory for decoded blobs (default 1G)")
+    p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM",
+                   help="present JPEG records as their first K scan groups (a smaller valid JPEG); auto:0.95 "
+                        "picks the smallest K whose mean SSIM reaches 0.95 (see 'fanfs fidelity'); default full")
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached (for srun/mpiexec, systemd)")
     p.add_argument("-o", action="append", default=[], metavar="OPTION", help="allow_other: let other users read")
     p.add_argument("--debug", action="store_true", help="log every FUSE request")
@@ -184,6 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("wait", cmd_wait, "wait until the mount at MOUNTPOINT serves")
     p.add_argument("mountpoint")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+
+    p = command("ctl", cmd_ctl, "change a running mount's fidelity (files opened afterwards get it)")
+    p.add_argument("mountpoint")
+    p.add_argument("--fidelity", required=True, metavar="K|full|auto:SSIM")
+
+    p = command("fidelity", cmd_fidelity, "measure bytes and SSIM/MS-SSIM per fidelity K on sampled JPEG records")
+    p.add_argument("store")
+    p.add_argument("--sample", type=_positive, default=500, help="images to sample (default 500)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-ssim", type=float, default=0.95, help="quality bar for the recommendation (default 0.95)")
+    p.add_argument("--plot", metavar="PNG", help="write a plot of both curves and the bytes")
+    p.add_argument("--json", action="store_true")
 
     p = command("stats", cmd_stats, "what a running mount has served")
     p.add_argument("mountpoint")

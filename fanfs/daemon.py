@@ -90,6 +90,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
         "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
                              "fidelity": ops.fidelity},
         "stats": lambda m: {"store": store.root, "fidelity": ops.fidelity, **store.stats.as_dict()},
+        "fidelity": lambda m: ops.set_fidelity(int(m["fidelity"])),
     })
     try:
         serve(store, mountpoint, ops, allow_other=options.allow_other, debug=options.debug)

@@ -92,6 +92,11 @@ def ms_ssim(a: np.ndarray, b: np.ndarray) -> float:
     those scales renormalised to sum to 1. Negative contrast terms are clamped to 0 so that the
     fractional powers stay real.
     """
+    return similarity(a, b)[1]
+
+
+def similarity(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """(SSIM, MS-SSIM) in one pass: the full-scale SSIM is MS-SSIM's first scale anyway."""
     x, y = _prepare(a, b)
     scales = 1
     while scales < len(MS_SSIM_WEIGHTS) and min(x.shape) >> scales >= WIN:
@@ -99,9 +104,12 @@ def ms_ssim(a: np.ndarray, b: np.ndarray) -> float:
     weights = np.array(MS_SSIM_WEIGHTS[:scales])
     weights /= weights.sum()
     terms = []
+    first = 0.0
     for s in range(scales):
         if s:
             x, y = _half(x), _half(y)
         full, cs = _ssim_cs(x, y)
+        if s == 0:
+            first = full
         terms.append(cs if s < scales - 1 else full)
-    return float(np.prod(np.maximum(terms, 0.0) ** weights))
+    return first, float(np.prod(np.maximum(terms, 0.0) ** weights))

@@ -1,0 +1,182 @@
+"""Issue 3: progressive JPEG records presented at every fidelity through a real mount."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fanfs
+from jpeg_samples import BROKEN, ORIENTATION, build_samples
+from PIL import Image, ImageFile
+
+from fanfs.format import RECORD_JPEG
+from fanfs.quality import decode
+from fanfs.store import FULL, Store
+
+assert ImageFile.LOAD_TRUNCATED_IMAGES is False  # a presented JPEG must be complete, not tolerated
+
+
+@pytest.fixture(scope="module")
+def jpeg_store(tmp_path_factory):
+    base = tmp_path_factory.mktemp("jpeg")
+    src = base / "src"
+    samples = build_samples(src / "photos")
+    (src / "notes").mkdir()
+    (src / "notes" / "readme.txt").write_text("not a jpeg\n" * 50)
+    (src / "notes" / "named.jpg").write_bytes(b"plain text with a .jpg name")
+    store = base / "store"
+    done = fanfs("pack", src, store, "--progressive-jpeg", "--quiet")
+    assert "progressive records" in done.stdout and "kept as is" in done.stdout
+    return src, store, samples
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def _stored_bound(store: Store, k: int) -> int:
+    """Stored bytes of every layer a mount at fidelity k may read (all of a plain file)."""
+    ix = store.index
+    total = 0
+    for entry in np.flatnonzero(ix.type == 1).tolist():
+        first, count = int(ix.first[entry]), int(ix.count[entry])
+        shown = min(k, count) if ix.record[entry] == RECORD_JPEG else count
+        total += int(ix.blob_stored[first:first + shown].sum())
+    return total
+
+
+def test_records_and_fallbacks(jpeg_store):
+    src, store, samples = jpeg_store
+    s = Store(str(store))
+    records = {os.fsdecode(s.index.path(e)) for e in np.flatnonzero(s.index.record == RECORD_JPEG).tolist()}
+    for name, path in samples.items():
+        rel = str(path.relative_to(src))
+        assert (rel in records) == (name not in BROKEN), name
+    assert "notes/named.jpg" not in records  # JPEGs are found by content, not by name
+    s.close()
+
+
+def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
+    src, store, samples = jpeg_store
+    s = Store(str(store))
+    top = int(s.index.layers.max())
+    with mount(store, "--fidelity", "1") as mnt:
+        previous = json.loads(fanfs("stats", mnt, "--json").stdout)["bytes_stored_read"]
+        for k in [*range(1, top + 1), FULL]:
+            fanfs("ctl", mnt, "--fidelity", "full" if k == FULL else str(k))
+            for path in _files(mnt):
+                rel = path.relative_to(mnt)
+                data = path.read_bytes()
+                assert len(data) == path.stat().st_size == s.size_at(s.lookup(os.fsencode(rel)), k), (rel, k)
+                entry = s.lookup(os.fsencode(rel))
+                if s.index.record[entry] == RECORD_JPEG:
+                    with Image.open(path) as im:
+                        im.load()  # a valid JPEG at every K: no LOAD_TRUNCATED_IMAGES
+                    if k >= int(s.index.layers[entry]):
+                        assert np.array_equal(decode(data), decode((src / rel).read_bytes())), rel
+                else:
+                    assert data == (src / rel).read_bytes(), (rel, k)  # odd files are byte-exact at every K
+            now = json.loads(fanfs("stats", mnt, "--json").stdout)["bytes_stored_read"]
+            assert now - previous <= _stored_bound(s, k), k  # only layers <= K were read
+            previous = now
+    s.close()
+
+
+def test_low_fidelity_reads_fewer_bytes(jpeg_store, mount):
+    src, store, samples = jpeg_store
+    stored = {}
+    for k in ("2", "full"):
+        with mount(store, "--fidelity", k) as mnt:
+            for path in _files(mnt):
+                path.read_bytes()
+            stats = json.loads(fanfs("stats", mnt, "--json").stdout)
+            stored[k] = stats["bytes_stored_read"]
+            assert len(stats["stored_by_layer"]) <= (2 if k == "2" else 64)
+    assert stored["2"] < 0.5 * stored["full"]
+
+
+def test_exif_orientation_and_icc_survive(jpeg_store, mount):
+    src, store, samples = jpeg_store
+    with mount(store) as mnt:
+        for name in ("exif_orient6", "icc"):
+            rel = samples[name].relative_to(src)
+            with Image.open(src / rel) as a, Image.open(mnt / rel) as b:
+                assert b.info.get("progressive") or b.info.get("progression")
+                assert a.getexif().get(ORIENTATION) == b.getexif().get(ORIENTATION)
+                assert a.info.get("icc_profile") == b.info.get("icc_profile")
+                assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_open_file_keeps_its_fidelity_across_a_switch(jpeg_store, mount):
+    src, store, samples = jpeg_store
+    rel = samples["photo_china"].relative_to(src)
+    s = Store(str(store))
+    entry = s.lookup(os.fsencode(rel))
+    at2, full = s.read(entry, 0, 1 << 30, 2), s.read_file(os.fsencode(rel))
+    with mount(store, "--fidelity", "2") as mnt:
+        with open(mnt / rel, "rb") as f:
+            head = f.read(1000)
+            fanfs("ctl", mnt, "--fidelity", "full")
+            assert os.fstat(f.fileno()).st_size == len(at2)
+            assert head + f.read() == at2  # no torn read
+            with open(mnt / rel, "rb") as g:  # opened while the old one is open: still consistent
+                assert g.read() == at2
+        # FUSE releases asynchronously after close(): the switch reaches this file once its release is served
+        deadline = time.monotonic() + 10
+        while (mnt / rel).stat().st_size != len(full) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (mnt / rel).stat().st_size == len(full)
+        assert (mnt / rel).read_bytes() == full
+        with open(mnt / rel, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            assert m[:] == full  # mmap, read and stat agree
+        copy = mnt.parent / "copy.jpg"
+        subprocess.run(["cp", str(mnt / rel), str(copy)], check=True)
+        assert copy.read_bytes() == full
+    s.close()
+
+
+def test_control_never_shows_in_listings(jpeg_store, mount):
+    src, store, samples = jpeg_store
+    with mount(store, "--fidelity", "3") as mnt:
+        assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
+        fanfs("ctl", mnt, "--fidelity", "5")
+        assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
+
+
+def test_fidelity_report_json_and_plot(jpeg_store, tmp_path):
+    src, store, samples = jpeg_store
+    plot = tmp_path / "fidelity.png"
+    done = fanfs("fidelity", store, "--sample", "6", "--min-ssim", "0.9", "--json", "--plot", plot)
+    report = json.loads(done.stdout)
+    assert report["images"] == 6 and report["ks"][0] == 1
+    assert report["ssim"] == sorted(report["ssim"]) and report["ssim"][-1] == 1.0
+    assert report["bytes_fraction"][-1] == 1.0 and report["bytes_fraction"][0] < 0.3
+    k = report["recommended"]
+    assert report["ssim"][k - 1] >= 0.9 and (k == 1 or report["ssim"][k - 2] < 0.9)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = fanfs("fidelity", store, "--sample", "6", "--min-ssim", "0.9").stdout
+    assert "<- smallest K" in text
+
+
+def test_custom_scan_script(jpeg_store, tmp_path):
+    src, store, samples = jpeg_store
+    script = tmp_path / "scans.txt"
+    script.write_text("0,1,2: 0-0, 0, 1;\n0: 1-5, 0, 2;\n2: 1-63, 0, 0;\n1: 1-63, 0, 0;\n0: 6-63, 0, 2;\n"
+                      "0: 1-63, 2, 1;\n0,1,2: 0-0, 1, 0;\n0: 1-63, 1, 0;\n")
+    out = tmp_path / "custom"
+    fanfs("pack", src / "photos", out, "--scan-script", script, "--quiet")
+    s = Store(str(out))
+    entry = s.lookup(os.fsencode(samples["photo_flower"].name))
+    assert int(s.index.layers[entry]) == 8
+    assert np.array_equal(decode(s.read_file(samples["photo_flower"].name)), decode(samples["photo_flower"].read_bytes()))
+    s.close()
+    script.write_text("0,1,2: 0-0, 0, 1;\n0: 1-99, 0, 2;\n")
+    done = fanfs("pack", src / "photos", tmp_path / "bad", "--scan-script", script, check=False)
+    assert done.returncode == 1 and "line 2" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
