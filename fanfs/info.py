@@ -29,6 +29,7 @@ def store_info(store: Store) -> dict[str, Any]:
                         "total": int(sizes.sum())},
         "index_bytes": int(store.index._map.size()),
         "jpeg_layers": _jpeg_layers(store),
+        "classes": _plan_classes(store),
     }
 
 
@@ -38,6 +39,23 @@ def _jpeg_layers(store: Store) -> dict[str, int]:
     layers = ix.layers[ix.record == 1]
     values, counts = np.unique(layers, return_counts=True)
     return {str(int(v)): int(c) for v, c in zip(values, counts)}
+
+
+def _plan_classes(store: Store) -> list[dict[str, Any]]:
+    """Packed with ``--plan``: per content class the codec it got and the ratio it reached (fanfs.plan)."""
+    plan = store.meta.get("plan")
+    if not plan:
+        return []
+    out = []
+    for name, entry in sorted(plan["classes"].items(), key=lambda item: item[1]["codec_index"]):
+        ix = entry["codec_index"]
+        stats = store.meta["codec_stats"].get(str(ix), {"files": 0, "raw": 0, "stored": 0})
+        codec = codec_from_config(store.meta["codecs"][ix], store.index.dictionaries)
+        out.append({"class": name, "codec": codec.spec, "files": stats["files"], "raw": stats["raw"],
+                    "stored": stats["stored"], "measured": entry.get("measured", True),
+                    "ratio": round(stats["raw"] / stats["stored"], 3) if stats["stored"] else None,
+                    "predicted_ratio": entry.get("predicted_ratio")})
+    return out
 
 
 def format_info(info: dict[str, Any]) -> str:
@@ -59,4 +77,13 @@ def format_info(info: dict[str, Any]) -> str:
     for c in info["codecs"]:
         ratio = f"{c['ratio']:.2f}" if c["ratio"] else "-"
         lines.append(f"{c['codec']:<14} {c['files']:>7,} {human_size(c['raw']):>10} {human_size(c['stored']):>10} {ratio:>7}")
+    if info.get("classes"):
+        lines.append("class (plan)  codec                  files        raw     stored   ratio  predicted")
+        for c in info["classes"]:
+            if not c["files"]:
+                continue
+            ratio = f"{c['ratio']:.2f}" if c["ratio"] else "-"
+            predicted = f"{c['predicted_ratio']:.2f}" if c["predicted_ratio"] else "(default)"
+            lines.append(f"{c['class']:<13} {c['codec']:<20} {c['files']:>7,} {human_size(c['raw']):>10} "
+                         f"{human_size(c['stored']):>10} {ratio:>7}  {predicted:>9}")
     return "\n".join(lines)
