@@ -55,6 +55,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
         from .jpeg import ScanScript
         options.scan_script = ScanScript.load(args.scan_script)
         options.progressive_jpeg = True
+    if args.plan:
+        from .plan import Plan
+        options.plan = Plan.load(args.plan)
     report = pack(args.src, args.store, options, on_warning=lambda text: print(f"fanfs: warning: {text}",
                                                                                 file=sys.stderr))
     ratio = report.bytes_in / report.bytes_stored if report.bytes_stored else float("nan")
@@ -69,6 +72,36 @@ def cmd_pack(args: argparse.Namespace) -> int:
             print(f"  ... and {len(report.jpeg_fallbacks) - 20} more")
     if report.skipped:
         print(f"skipped {len(report.skipped)} special files (FIFOs, sockets, devices)")
+    return 0
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    from .select import Demand, format_report, make_plan, parse_fraction, parse_rate, plot, select, selection_json
+    demand = Demand(mode=args.mode, rate=parse_rate(args.rate) if args.rate else None,
+                    samples_per_sec=args.samples_per_sec, threads=args.threads, overhead=parse_fraction(args.overhead),
+                    headroom=parse_fraction(args.headroom), capacity=args.capacity, nodes=args.nodes,
+                    replicas=args.replicas)
+    fraction = parse_fraction(args.sample)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--sample must be more than 0% and at most 100%, not {args.sample}")
+    sel = select(args.src, demand, fraction=fraction, cap=args.sample_cap, seed=args.seed, jobs=args.jobs)
+    if args.json:
+        _print_json(selection_json(sel))
+    else:
+        print(format_report(sel))
+    notes = sys.stderr if args.json else sys.stdout
+    if args.plot:
+        plot(sel, args.plot)
+        print(f"plot written to {args.plot}", file=notes)
+    if not sel.feasible:
+        for problem in sel.problems:
+            print(f"fanfs: error: {problem}", file=sys.stderr)
+        if args.output:
+            print(f"fanfs: no plan written to {args.output}: the constraints cannot all be met", file=sys.stderr)
+        return 1
+    if args.output:
+        make_plan(sel).save(args.output)
+        print(f"plan written to {args.output}: use it with fanfs pack {args.src} STORE --plan {args.output}", file=notes)
     return 0
 
 
@@ -92,13 +125,38 @@ AUTO_SAMPLE = 100
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from .cluster import expand
     from .daemon import MountOptions, mount
+    args.store, args.mountpoint = expand(args.store), expand(args.mountpoint)
+    if args.local_dir is None and (args.stage or args.replicas != 1):
+        raise StoreError("--stage and --replicas need --local-dir")
     options = MountOptions(cache_size=args.cache_size, fidelity=_resolve_fidelity(args.store, args.fidelity),
-                           foreground=args.foreground, allow_other="allow_other" in args.o, debug=args.debug)
+                           foreground=args.foreground, allow_other="allow_other" in args.o, debug=args.debug,
+                           local_dir=os.path.abspath(expand(args.local_dir)) if args.local_dir else None, replicas=args.replicas,
+                           stage=args.stage, peer_timeout=args.peer_timeout)
     pid = mount(args.store, args.mountpoint, options)
     if not args.foreground:
         from .control import log_path
         print(f"mounted {args.store} at {args.mountpoint} (daemon pid {pid}, log {log_path(args.mountpoint)})")
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from .cluster import World, expand, load_index
+    from .stage import stage
+    world = World.detect()
+    try:
+        store = os.path.abspath(expand(args.store))
+        report = stage(store, os.path.abspath(expand(args.local_dir)), args.replicas, world, load_index(store, world),
+                       progress=not args.quiet)
+    finally:
+        world.finalize()
+    if report is not None:
+        if args.json:
+            import dataclasses
+            _print_json(dataclasses.asdict(report))
+        else:
+            print(report.format())
     return 0
 
 
@@ -160,6 +218,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"decode     {stats['decode_seconds']:.3f} s")
     if stats["stored_by_layer"]:
         print("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"])))
+    if "cluster" in stats:
+        c = stats["cluster"]
+        print(f"node       rank {c['rank']} of {c['nodes']}, {c['local_shards']:,} shards held, {c['replicas']} replicas")
+        print(f"local      {human_size(c['local_bytes'])}   remote {human_size(c['remote_bytes'])} in "
+              f"{c['remote_requests']:,} requests ({c['remote_latency_mean_ms']:.2f} ms mean, "
+              f"{c['remote_latency_max_ms']:.2f} ms max; {c['remote_timeouts']} timeouts, {c['remote_failures']} failed)")
+        print(f"served     {human_size(c['served_bytes'])} in {c['served_requests']:,} requests to peers "
+              f"({c['refused']} refused, {c['failed']} failed)")
     return 0
 
 
@@ -182,10 +248,19 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .store import Store
     store = Store(args.store, check_shards=False)
     info = store_info(store)
+    placement = None
+    if args.nodes:
+        from .placement import format_placement, place
+        placement = place(store.index.shard_size, args.nodes, args.replicas)
+        info["placement"] = {"nodes": placement.nodes, "replicas": placement.replicas,
+                             "node_bytes": placement.node_bytes.tolist(),
+                             "node_shards": [int(placement.shards_of(n).size) for n in range(placement.nodes)]}
     if args.json:
         _print_json(info)
     else:
         print(format_info(info))
+        if placement is not None:
+            print(format_placement(placement))
     return 0
 
 
@@ -215,7 +290,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progressive-jpeg", action="store_true",
                    help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities")
     p.add_argument("--scan-script", metavar="FILE", help="jpegtran scan script for the progressive records")
+    p.add_argument("--plan", metavar="FILE", help="per-class codecs chosen by fanfs select -o FILE (overrides --codec)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    p = command("select", cmd_select, "measure codecs per kind of file on this node and choose, for a demanded "
+                "read rate, the best ratio that keeps up (writes a plan for pack --plan)")
+    p.add_argument("src", help="directory to sample")
+    p.add_argument("--sample", default="2%", help="fraction of files to sample, e.g. 2%% (at least 32 and ~8 MiB per extension)")
+    p.add_argument("--mode", choices=("sync", "async"), default="async",
+                   help="sync: decode time adds to each read; async: decoding overlaps compute (default async)")
+    demand = p.add_mutually_exclusive_group()
+    demand.add_argument("--rate", help="demanded read rate, e.g. 800MB/s (decimal; MiB/s binary)")
+    demand.add_argument("--samples-per-sec", type=float, help="demanded files per second (x mean file size = rate)")
+    p.add_argument("--threads", type=_positive, default=2, help="reader/decoder threads of the job (default 2)")
+    p.add_argument("--overhead", default="5%", help="sync: decode time allowed, as part of the read budget (default 5%%)")
+    p.add_argument("--headroom", default="20%", help="async: decode throughput above the rate (default 20%%)")
+    p.add_argument("--capacity", type=_size, help="node-local space per node for the store, e.g. 400G")
+    p.add_argument("--nodes", type=_positive, default=1, help="nodes sharing the store (default 1)")
+    p.add_argument("--replicas", type=_positive, default=1, help="copies of each shard across nodes (default 1)")
+    p.add_argument("--json", action="store_true", help="the measurements and the choice as JSON")
+    p.add_argument("-o", "--output", metavar="PLAN", help="write the plan (JSON) for fanfs pack --plan")
+    p.add_argument("--plot", metavar="PNG", help="ratio against decode speed per class, feasible region and choice")
+    p.add_argument("--sample-cap", type=_size, default="16M", help="bytes read per class (default 16M)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--jobs", "-j", type=_positive, default=1,
+                   help="classes measured in parallel (default 1: per-thread speeds on an otherwise idle node)")
 
     p = command("mount", cmd_mount, "mount a store read-only; returns once the mount serves")
     p.add_argument("store")
@@ -227,6 +326,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached (for srun/mpiexec, systemd)")
     p.add_argument("-o", action="append", default=[], metavar="OPTION", help="allow_other: let other users read")
     p.add_argument("--debug", action="store_true", help="log every FUSE request")
+    p.add_argument("--local-dir", metavar="DIR", help="this node's staged shards (see 'fanfs stage'); under "
+                   "mpiexec/srun, peers serve the shards this node lacks over MPI (needs --foreground)")
+    p.add_argument("--replicas", type=_positive, default=1, help="copies of each shard in the job (default 1)")
+    p.add_argument("--stage", action="store_true", help="stage this node's shards into --local-dir first")
+    p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="how long to wait for a peer before asking the next holder (default 5)")
+
+    p = command("stage", cmd_stage, "copy this node's shards of a store to local disk (one rank per node "
+                "under mpiexec/srun; {rank} in paths is the rank); a rerun resumes")
+    p.add_argument("store")
+    p.add_argument("local_dir", metavar="LOCAL_DIR")
+    p.add_argument("--replicas", type=_positive, default=1, help="copies of each shard in the job (default 1)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="the report as JSON (per node: bytes copied, seconds)")
 
     p = command("umount", cmd_umount, "unmount a fanfs mount and wait for its daemon to exit")
     p.add_argument("mountpoint")
@@ -260,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("info", cmd_info, "what a store holds: files, bytes, ratio per codec, shards")
     p.add_argument("store")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--nodes", type=_positive, metavar="N", help="also show how N nodes would hold the shards")
+    p.add_argument("--replicas", type=_positive, default=1, help="with --nodes: copies of each shard (default 1)")
 
     p = command("demo", cmd_demo, "pack, mount and read back a built-in sample dataset, then unmount")
     p.add_argument("--workdir", help="where to put the sample, store and mount (default: a temp dir)")

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import control
@@ -29,6 +30,10 @@ class MountOptions:
     foreground: bool = False
     allow_other: bool = False
     debug: bool = False
+    local_dir: str | None = None  # shards staged on node-local disk (fanfs.node); peers over MPI serve the rest
+    replicas: int = 1
+    stage: bool = False
+    peer_timeout: float = 5.0
 
 
 def check_mountpoint(mountpoint: str) -> None:
@@ -41,11 +46,21 @@ def check_mountpoint(mountpoint: str) -> None:
 def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
     """Open and check the store here (clear errors), then serve it; returns the daemon's pid."""
     mountpoint = os.path.abspath(mountpoint)
-    check_mountpoint(mountpoint)
-    store = Store(os.path.abspath(store_path), cache_size=options.cache_size)
     if options.foreground:
         _setup_logging(None, options.debug)
-        run_daemon(store, mountpoint, options, ready_fd=None)
+    if options.local_dir is not None:
+        from .node import mount_node
+        return mount_node(os.path.abspath(store_path), mountpoint, options)
+    check_mountpoint(mountpoint)
+    return start(Store(os.path.abspath(store_path), cache_size=options.cache_size), mountpoint, options)
+
+
+def start(store: Store, mountpoint: str, options: MountOptions, *, on_ready: Callable[[], None] | None = None,
+          extra_stats: Callable[[], dict] | None = None) -> int:
+    """Serve an opened store here (foreground) or in a daemon process once it serves; returns its pid."""
+    hooks = {"on_ready": on_ready, "extra_stats": extra_stats}
+    if options.foreground:
+        run_daemon(store, mountpoint, options, ready_fd=None, **hooks)
         return os.getpid()
     logfile = control.log_path(mountpoint)
     read_end, write_end = os.pipe()
@@ -58,7 +73,7 @@ def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
             os.chdir("/")
             _detach(logfile)
             _setup_logging(logfile, options.debug)
-            run_daemon(store, mountpoint, options, ready_fd=write_end)
+            run_daemon(store, mountpoint, options, ready_fd=write_end, **hooks)
             code = 0
         except BaseException as err:  # report to the waiting parent, then leave without cleanup handlers
             _report(write_end, f"error: {err}")
@@ -70,26 +85,33 @@ def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
     message = _await(read_end, timeout=120)
     if message != "ready":
         tail = _log_tail(logfile)
-        raise StoreError(f"mount of {store_path} at {mountpoint} failed: {message.removeprefix('error: ')}"
+        raise StoreError(f"mount of {store.root} at {mountpoint} failed: {message.removeprefix('error: ')}"
                          + (f" ({tail})" if tail else ""))
     return pid
 
 
-def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None) -> None:
-    """Serve ``store`` at ``mountpoint`` in this process until unmounted."""
+def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None, *,
+               on_ready: Callable[[], None] | None = None, extra_stats: Callable[[], dict] | None = None) -> None:
+    """Serve ``store`` at ``mountpoint`` in this process until unmounted.
+
+    ``on_ready`` runs once the mount serves; ``extra_stats`` adds to the "stats" answer (a cluster node's peers).
+    """
     from .fusefs import FanfsOperations, serve
 
     def ready() -> None:
         log.info("serving %s at %s (pid %d)", store.root, mountpoint, os.getpid())
         if ready_fd is not None:
             _report(ready_fd, "ready")
+        if on_ready is not None:
+            on_ready()
 
     ops = FanfsOperations(store, options.fidelity, ready)
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
     server = control.ControlServer(mountpoint, {
         "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
                              "fidelity": ops.fidelity},
-        "stats": lambda m: {"store": store.root, "fidelity": ops.fidelity, **store.stats.as_dict()},
+        "stats": lambda m: {"store": store.root, "fidelity": ops.fidelity, **store.stats.as_dict(),
+                            **(extra_stats() if extra_stats else {})},
         "fidelity": lambda m: ops.set_fidelity(int(m["fidelity"])),
     })
     try:

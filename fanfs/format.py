@@ -16,7 +16,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -96,12 +96,19 @@ def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.nda
     return size
 
 
-def read_index(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], mmap.mmap]:
+def read_index(path: str, data: bytes | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray], mmap.mmap]:
     """Map an index, verify its checksum and version, and return (meta, read-only columns, the map).
 
     The checksum is computed with buffered reads rather than through the map so that verifying a
-    large index does not leave it all resident in this process.
+    large index does not leave it all resident in this process.  ``data``: the index file's bytes
+    already in memory (broadcast to the nodes of a job, read once from the shared file system).
     """
+    if data is not None:
+        view = memoryview(data)
+        json_len = _check_index(path, len(data), lambda length, offset: view[offset:offset + length])
+        mapped = mmap.mmap(-1, len(data))
+        mapped.write(data)
+        return _parse_index(mapped, json_len)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -109,29 +116,39 @@ def read_index(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], mmap.m
                          "(run 'fanfs pack' again)") from None
     try:
         size = os.fstat(fd).st_size
-        if size < _INDEX_HEAD.size + 8:
-            raise StoreError(f"{path}: index is truncated ({size} bytes)")
-        magic, version, _, json_len = _INDEX_HEAD.unpack(os.pread(fd, _INDEX_HEAD.size, 0))
-        if magic != INDEX_MAGIC:
-            raise StoreError(f"{path}: not a fanfs index")
-        if version != FORMAT_VERSION:
-            raise StoreError(f"{path}: store format version {version}, this fanfs reads version {FORMAT_VERSION}; "
-                             "repack the source with this fanfs")
-        digest = xxhash.xxh3_64()
-        pos, end = 0, size - 8
-        while pos < end:
-            block = os.pread(fd, min(8 << 20, end - pos), pos)
-            if not block:
-                break
-            digest.update(block)
-            pos += len(block)
-        (expected,) = struct.unpack("<Q", os.pread(fd, 8, end))
-        if pos != end or digest.intdigest() != expected:
-            raise StoreError(f"{path}: index checksum mismatch: the index is corrupt or truncated; "
-                             "copy the store again or repack")
+        json_len = _check_index(path, size, lambda length, offset: os.pread(fd, length, offset))
         mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
+    return _parse_index(mapped, json_len)
+
+
+def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memoryview]) -> int:
+    """Verify an index's head and checksum through ``pread(length, offset)``; returns its JSON length."""
+    if size < _INDEX_HEAD.size + 8:
+        raise StoreError(f"{path}: index is truncated ({size} bytes)")
+    magic, version, _, json_len = _INDEX_HEAD.unpack(pread(_INDEX_HEAD.size, 0))
+    if magic != INDEX_MAGIC:
+        raise StoreError(f"{path}: not a fanfs index")
+    if version != FORMAT_VERSION:
+        raise StoreError(f"{path}: store format version {version}, this fanfs reads version {FORMAT_VERSION}; "
+                         "repack the source with this fanfs")
+    digest = xxhash.xxh3_64()
+    pos, end = 0, size - 8
+    while pos < end:
+        block = pread(min(8 << 20, end - pos), pos)
+        if not block:
+            break
+        digest.update(block)
+        pos += len(block)
+    (expected,) = struct.unpack("<Q", pread(8, end))
+    if pos != end or digest.intdigest() != expected:
+        raise StoreError(f"{path}: index checksum mismatch: the index is corrupt or truncated; "
+                         "copy the store again or repack")
+    return json_len
+
+
+def _parse_index(mapped: mmap.mmap, json_len: int) -> tuple[dict[str, Any], dict[str, np.ndarray], mmap.mmap]:
     start = _INDEX_HEAD.size
     meta = json.loads(bytes(mapped[start:start + json_len]))
     base = -(-(start + json_len) // _ALIGN) * _ALIGN

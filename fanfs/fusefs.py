@@ -51,6 +51,9 @@ class FanfsOperations(mfusepy.Operations):
         self._shown = np.zeros(entries, np.uint16)  # fidelity the kernel has cached for a JPEG record; 0: none
         self._opens = np.zeros(entries, np.uint32)
         self._lock = threading.Lock()  # the control thread switches fidelity while the loop serves
+        # Opens exist only to pin a JPEG record's fidelity.  A store without records answers ENOSYS:
+        # the kernel then stops sending open and release altogether and keeps its page cache.
+        self._pins_fidelity = bool((self._record == RECORD_JPEG).any())
 
     def _entry(self, path: str) -> int:
         if path == self._last_path:
@@ -88,6 +91,8 @@ class FanfsOperations(mfusepy.Operations):
         return os.fsdecode(self.store.readlink(self._entry(path)))
 
     def open(self, path: str, fi: mfusepy.fuse_file_info) -> int:
+        if not self._pins_fidelity:
+            raise OSError(errno.ENOSYS, "open is not needed")
         entry = self._entry(path)
         kind = self.store.index.type[entry]
         if kind != FILE:
@@ -105,7 +110,7 @@ class FanfsOperations(mfusepy.Operations):
         return 0
 
     def read(self, path: str, size: int, offset: int, fi: mfusepy.fuse_file_info) -> bytes:
-        return self.store.read(self._entry(path), offset, size, fi.fh)
+        return self.store.read(self._entry(path), offset, size, fi.fh)  # fh 0 (no open): a plain file
 
     def release(self, path: str, fi: mfusepy.fuse_file_info) -> int:
         entry = self._entry(path)

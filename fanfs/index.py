@@ -12,13 +12,13 @@ many layers there are (one for plain files, one per scan group for progressive J
 
 from __future__ import annotations
 
-import mmap
+from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from .format import DIR, SYMLINK, checksum, read_index, write_index
+from .format import checksum, read_index, write_index
 
 ENTRY_COLUMNS = {
     "parent": np.uint32, "type": np.uint8, "record": np.uint8, "mode": np.uint32, "mtime": np.int64,
@@ -33,29 +33,32 @@ SHARD_COLUMNS = {"shard_size": np.uint64, "shard_checksum": np.uint64}
 class Index:
     """Read-only view of an index file; attribute columns are public numpy arrays."""
 
-    def __init__(self, path: str) -> None:
-        self.meta, columns, self._map = read_index(path)
+    def __init__(self, path: str, data: bytes | None = None) -> None:
+        """``data``: the file's bytes already in memory (broadcast to a job's nodes) instead of reading ``path``."""
+        self.meta, columns, self._map = read_index(path, data)
         for name, column in columns.items():
             setattr(self, name, column)
         self.entries = int(self.parent.size)
-        self._paths_view: mmap.mmap | np.ndarray = columns["paths"]
-        self._path_offset = columns["path_offset"]
-        self._hash_sorted = columns["hash_sorted"]
-        self._hash_entry = columns["hash_entry"]
+        # Lookups go through memoryviews: bisect on one costs ~1 us, while numpy's searchsorted with a
+        # Python int above 2**63 converts the whole column (~0.5 ms at 1.28 M entries).
+        self._paths = memoryview(columns["paths"])
+        self._path_offset = memoryview(columns["path_offset"]).cast("B").cast("Q")
+        self._hash_sorted = memoryview(columns["hash_sorted"]).cast("B").cast("Q")
+        self._hash_entry = memoryview(columns["hash_entry"]).cast("B").cast("I")
         self.dictionaries = {name[5:]: column.tobytes() for name, column in columns.items()
                              if name.startswith("dict:")}
 
     def path(self, entry: int) -> bytes:
         offsets = self._path_offset
-        return self._paths_view[int(offsets[entry]):int(offsets[entry + 1])].tobytes()
+        return self._paths[offsets[entry]:offsets[entry + 1]].tobytes()
 
     def lookup(self, path: bytes) -> int:
         """Entry number of a relative path, or -1."""
         digest = checksum(path)
         hashes = self._hash_sorted
-        i = int(hashes.searchsorted(digest))
-        while i < hashes.size and int(hashes[i]) == digest:
-            entry = int(self._hash_entry[i])
+        i = bisect_left(hashes, digest)
+        while i < len(hashes) and hashes[i] == digest:
+            entry = self._hash_entry[i]
             if self.path(entry) == path:
                 return entry
             i += 1
@@ -66,25 +69,15 @@ class Index:
         first, count = int(self.first[entry]), int(self.count[entry])
         if count == 0:
             return []
-        offsets = self._path_offset[first:first + count + 1].astype(np.int64)
-        blob = self._paths_view[offsets[0]:offsets[-1]].tobytes()
+        offsets = self._path_offset[first:first + count + 1].tolist()
+        blob = self._paths[offsets[0]:offsets[-1]].tobytes()
         skip = len(self.path(entry)) + (1 if entry else 0)
-        rel = (offsets - offsets[0]).tolist()
-        return [blob[a + skip:b] for a, b in zip(rel, rel[1:])]
+        base = offsets[0]
+        return [blob[a - base + skip:b - base] for a, b in zip(offsets, offsets[1:])]
 
     def target(self, entry: int) -> bytes:
         first, count = int(self.first[entry]), int(self.count[entry])
         return self.targets[first:first + count].tobytes()
-
-    def close(self) -> None:
-        for name in list(vars(self)):
-            if isinstance(getattr(self, name), np.ndarray):
-                delattr(self, name)
-        self._paths_view = self._path_offset = self._hash_sorted = self._hash_entry = None  # type: ignore
-        try:
-            self._map.close()
-        except BufferError:  # a caller still holds a column view; the map goes with it
-            pass
 
 
 def build_index(path: str, meta: Mapping[str, Any], paths: list[bytes], columns: Mapping[str, np.ndarray],
@@ -107,11 +100,3 @@ def build_index(path: str, meta: Mapping[str, Any], paths: list[bytes], columns:
     for name, data in dictionaries.items():
         out["dict:" + name] = np.frombuffer(data, dtype=np.uint8)
     return write_index(path, meta, out)
-
-
-def is_dir(index: Index, entry: int) -> bool:
-    return int(index.type[entry]) == DIR
-
-
-def is_symlink(index: Index, entry: int) -> bool:
-    return int(index.type[entry]) == SYMLINK

@@ -24,13 +24,17 @@ from .codecs import Codec, codec_from_config
 from .format import (DIR, FILE, INDEX_NAME, RECORD_JPEG, SHARD_DIR, SHARD_HEADER, StoreError, check_shard_header,
                      checksum, shard_name)
 from .index import Index
+from .jpeg import EOI
 
 log = logging.getLogger("fanfs")
 
 FULL = 0xFFFF
 """Fidelity meaning "every layer": the original bytes (or, for JPEG records, the full progressive file)."""
-EOI = b"\xff\xd9"
 MAX_LAYERS = 64
+
+
+class NotHeld(StoreError):
+    """A source does not hold this shard by design (another node does): not a fault, not logged."""
 
 
 class DataError(OSError):
@@ -118,11 +122,12 @@ class Store:
     """An opened store.  ``sources`` default to the store's own shard directory."""
 
     def __init__(self, root: str, *, cache_size: int = 1 << 30, sources: Sequence[ShardSource] | None = None,
-                 check_shards: bool = True) -> None:
+                 check_shards: bool = True, index: Index | None = None) -> None:
+        """``index``: the store's index already loaded (a cluster node receives it broadcast)."""
         self.root = root
         if not os.path.isdir(root):
             raise StoreError(f"{root}: no such store directory")
-        self.index = Index(os.path.join(root, INDEX_NAME))
+        self.index = index if index is not None else Index(os.path.join(root, INDEX_NAME))
         meta = self.index.meta
         self.meta = meta
         self.id = bytes.fromhex(meta["store_id"])
@@ -210,6 +215,8 @@ class Store:
         for source in self.sources:
             try:
                 data = source.read(shard, offset, length)
+            except NotHeld:
+                continue
             except (OSError, StoreError) as err:
                 problems.append(f"{source.name}: {err}")
                 continue
