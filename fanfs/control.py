@@ -50,16 +50,22 @@ def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> 
         except OSError as err:
             raise ControlError(f"no fanfs daemon answers for {mountpoint} ({err.strerror})") from None
         sock.sendall(json.dumps(message).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(1 << 16)
-            if not chunk:
-                break
-            data += chunk
+        data = _recv_line(sock)
     answer = json.loads(data or b"{}")
     if "error" in answer:
         raise ControlError(answer["error"])
     return answer
+
+
+def _recv_line(sock: socket.socket) -> bytes:
+    """One newline-terminated JSON message (or what came before the peer closed)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 class ControlServer:
@@ -86,13 +92,7 @@ class ControlServer:
             with conn:
                 try:
                     conn.settimeout(10)
-                    data = b""
-                    while not data.endswith(b"\n"):
-                        chunk = conn.recv(1 << 16)
-                        if not chunk:
-                            break
-                        data += chunk
-                    message = json.loads(data)
+                    message = json.loads(_recv_line(conn))
                     handler = self.handlers.get(message.get("cmd"))
                     answer = handler(message) if handler else {"error": f"unknown command {message.get('cmd')!r}"}
                 except Exception as err:  # a bad request must not take the daemon down

@@ -97,8 +97,11 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     ``on_ready`` runs once the mount serves; ``extra_stats`` adds to the "stats" answer (a cluster node's peers).
     """
     from .fusefs import FanfsOperations, serve
+    served = False
 
     def ready() -> None:
+        nonlocal served
+        served = True
         log.info("serving %s at %s (pid %d)", store.root, mountpoint, os.getpid())
         if ready_fd is not None:
             _report(ready_fd, "ready")
@@ -116,6 +119,10 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     })
     try:
         serve(store, mountpoint, ops, allow_other=options.allow_other, debug=options.debug)
+    except RuntimeError as err:  # libfuse reports a loop ended by SIGTERM/SIGINT as an error
+        if not served:
+            raise
+        log.info("stopped by a signal (%s)", err)
     finally:
         server.close()
         store.close()

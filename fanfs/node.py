@@ -42,11 +42,11 @@ class Stopper:
     def __init__(self, mountpoint: str) -> None:
         self.mountpoint = mountpoint
         self._lock = threading.Lock()
-        self._serving = self._requested = self.served = False
+        self._serving = self._requested = False
 
     def serving(self) -> None:
         with self._lock:
-            self._serving = self.served = True
+            self._serving = True
             if self._requested:
                 self._unmount()
 
@@ -151,10 +151,6 @@ def serve_job(world: World, store_root: str, mountpoint: str, options: MountOpti
     server.start()
     try:
         start(store, mountpoint, options, on_ready=stopper.serving, extra_stats=stats)
-    except RuntimeError as err:  # libfuse reports a loop ended by SIGTERM/SIGINT as an error
-        if not stopper.served:
-            raise
-        log.info("stopped by a signal (%s)", err)
     finally:
         stopper.ended()
         client.say_bye()

@@ -88,20 +88,26 @@ def test_writes_are_refused_with_erofs(torture, mount):
             assert info.value.errno == errno.EROFS
 
 
+def damaged_copy(store: Path, bad: Path, victim: bytes, at: int = 0, flip: int = 0x01) -> int:
+    """Copy ``store`` to ``bad`` and flip bits of byte ``at`` of ``victim``'s first blob; returns its shard."""
+    shutil.copytree(store, bad)
+    s = Store(str(bad))
+    entry = s.lookup(victim)
+    shard = int(s.index.shard[entry])
+    offset = int(s.index.blob_offset[int(s.index.first[entry])]) + at
+    s.close()
+    with open(bad / SHARD_DIR / shard_name(shard), "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ flip]))
+    return shard
+
+
 def test_flipped_byte_gives_eio_on_that_file_only(torture, tmp_path, mount):
     src, store = torture
     bad = tmp_path / "bad"
-    shutil.copytree(store, bad)
-    s = Store(str(bad))
-    victim = s.lookup(b"train/dog/1.bin")
-    blob = int(s.index.first[victim])
-    shard = int(s.index.shard[victim])
-    offset = int(s.index.blob_offset[blob]) + 100
-    s.close()
-    shard_path = bad / SHARD_DIR / shard_name(shard)
-    data = bytearray(shard_path.read_bytes())
-    data[offset] ^= 0x01
-    shard_path.write_bytes(bytes(data))
+    shard = damaged_copy(store, bad, b"train/dog/1.bin", at=100)
     with mount(bad) as mnt:
         with pytest.raises(OSError) as info:
             (mnt / "train" / "dog" / "1.bin").read_bytes()
@@ -168,15 +174,7 @@ def test_pack_of_unreadable_file_fails_cleanly(torture, tmp_path, mount):
     """A source whose file gives EIO (a fanfs mount with a damaged shard): one line, no store left."""
     src, store = torture
     bad = tmp_path / "bad"
-    shutil.copytree(store, bad)
-    s = Store(str(bad))
-    victim = s.lookup(b"train/cat/1.txt")
-    shard_path = bad / SHARD_DIR / shard_name(int(s.index.shard[victim]))
-    offset = int(s.index.blob_offset[int(s.index.first[victim])])
-    s.close()
-    data = bytearray(shard_path.read_bytes())
-    data[offset] ^= 0xFF
-    shard_path.write_bytes(bytes(data))
+    damaged_copy(store, bad, b"train/cat/1.txt", flip=0xFF)
     with mount(bad) as mnt:
         out = tmp_path / "out"
         done = fanfs("pack", mnt / "train", out, "--quiet", check=False)
