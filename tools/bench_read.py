@@ -7,7 +7,7 @@ order: from 1 thread, from N threads, and from N processes each taking a disjoin
 DataLoader with N workers).  Each FUSE file system is mounted fresh for the first pass (cold kernel
 page cache and daemon cache); the second pass follows on the same mount.  Native tmpfs cannot be made
 cold, so its two passes are what they are.  Goals checked: fanfs >= squashfuse on every row, fanfs's
-second pass >= 50%% of native.
+second pass >= 50% of native.
 """
 
 from __future__ import annotations
