@@ -383,8 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except KeyboardInterrupt:
         print("fanfs: interrupted; nothing was left half-done", file=sys.stderr)

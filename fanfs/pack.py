@@ -9,14 +9,17 @@ is durable, so an interrupted pack never leaves anything that mounts as complete
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import datetime
 import errno
 import multiprocessing as mp
 import os
 import shutil
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +123,25 @@ _progress_counter: Any = None
 def _init_worker(counter: Any) -> None:
     global _progress_counter
     _progress_counter = counter
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent handles it
+
+
+@contextlib.contextmanager
+def _deferred_interrupt() -> Iterator[Callable[[], bool]]:
+    """Turn SIGINT into a flag the caller checks between waits.
+
+    A KeyboardInterrupt raised while ``fork()`` runs Python's at-fork hooks is swallowed ("Exception
+    ignored"), so a Ctrl-C landing as the pool starts a worker would be lost and the pack would go on.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    hits: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: hits.append(1))
+    try:
+        yield lambda: bool(hits)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _advance(nbytes: int) -> None:
@@ -385,12 +407,14 @@ def _run_jobs(jobs: Sequence[ShardJob], opts: PackOptions, total: int) -> list[S
     ctx = mp.get_context("fork")
     counter = ctx.Value("Q", 0)
     results: list[ShardResult] = []
-    with Progress(total, "pack", enabled=opts.progress, unit="B") as bar, \
+    with Progress(total, "pack", enabled=opts.progress, unit="B") as bar, _deferred_interrupt() as interrupted, \
             cf.ProcessPoolExecutor(max_workers=max(1, min(opts.jobs, len(jobs))), mp_context=ctx,
                                    initializer=_init_worker, initargs=(counter,)) as pool:
         pending = {pool.submit(pack_shard, job) for job in jobs}
         try:
             while pending:
+                if interrupted():
+                    raise KeyboardInterrupt
                 done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
                 for future in done:
                     results.append(future.result())

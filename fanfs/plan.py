@@ -92,9 +92,6 @@ class Plan:
                         for i, name in enumerate(CLASSES)},
         }
 
-    def codec_for(self, name: str) -> Codec:
-        return self._codecs[self._index[name]]
-
     # --- files ----------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {"fanfs_plan": PLAN_VERSION, **{k: v for k, v in self.info.items() if k != "fanfs_plan"},
