@@ -107,21 +107,16 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 def _resolve_fidelity(store_path: str, text: str) -> int:
     """A fidelity option as a layer count; ``auto:X`` is looked up on the store's measured curve."""
-    from .fidelity import cached_curve, parse_fidelity
-    from .store import FULL, Store
+    from .fidelity import auto_fidelity, parse_fidelity
+    from .store import Store
     value = parse_fidelity(text)
     if isinstance(value, int):
         return value
     store = Store(store_path, check_shards=False)
-    curve = cached_curve(store, sample=AUTO_SAMPLE)
+    k, note = auto_fidelity(store, value)
     store.close()
-    k = curve.recommend(value)
-    print(f"fidelity auto:{value} -> {'full' if k == FULL else k} (smallest K with mean SSIM >= {value} "
-          f"over {curve.images} sampled images)")
+    print(note)
     return k
-
-
-AUTO_SAMPLE = 100
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -130,7 +125,12 @@ def cmd_mount(args: argparse.Namespace) -> int:
     args.store, args.mountpoint = expand(args.store), expand(args.mountpoint)
     if args.local_dir is None and (args.stage or args.replicas != 1):
         raise StoreError("--stage and --replicas need --local-dir")
-    options = MountOptions(cache_size=args.cache_size, fidelity=_resolve_fidelity(args.store, args.fidelity),
+    from .fidelity import parse_fidelity
+    from .store import FULL
+    value = parse_fidelity(args.fidelity)
+    auto = value if isinstance(value, float) and args.local_dir else None  # a job resolves auto once
+    fidelity = FULL if auto is not None else _resolve_fidelity(args.store, args.fidelity)
+    options = MountOptions(cache_size=args.cache_size, fidelity=fidelity, auto_ssim=auto,
                            foreground=args.foreground, allow_other="allow_other" in args.o, debug=args.debug,
                            local_dir=os.path.abspath(expand(args.local_dir)) if args.local_dir else None, replicas=args.replicas,
                            stage=args.stage, peer_timeout=args.peer_timeout)

@@ -27,6 +27,7 @@ log = logging.getLogger("fanfs")
 class MountOptions:
     cache_size: int = 1 << 30
     fidelity: int = FULL
+    auto_ssim: float | None = None  # a job mount's auto:SSIM, resolved once for the job (fanfs.node)
     foreground: bool = False
     allow_other: bool = False
     debug: bool = False

@@ -9,6 +9,7 @@ to pick PCR's scan group (Kuchnik et al. choose per task by gradient similarity;
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -58,12 +59,10 @@ def parse_fidelity(text: str) -> int | float:
     raise ValueError(f"bad fidelity {text!r}: use a layer count K >= 1, 'full', or auto:SSIM (e.g. auto:0.95)")
 
 
-_store: Store | None = None
+AUTO_SAMPLE = 100
+"""Images sampled for ``--fidelity auto:SSIM`` (the curve is measured once per store and cached)."""
 
-
-def _open_worker(root: str) -> None:
-    global _store
-    _store = Store(root, check_shards=False, cache_size=64 << 20)
+_store: Store | None = None  # the store being measured; forked workers inherit it
 
 
 def _measure(entry: int) -> tuple[list[int], list[float], list[float]]:
@@ -94,12 +93,18 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
     if records.size == 0:
         raise StoreError(f"{store.root} holds no progressive JPEG records: pack with --progressive-jpeg")
     chosen = np.sort(np.random.default_rng(seed).choice(records, size=min(sample, records.size), replace=False))
+    global _store
+    _store = store
+    entries = chosen.tolist()
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(entries)))
     results = []
-    jobs = max(1, min(jobs or os.cpu_count() or 1, chosen.size))
-    with Progress(int(chosen.size), "fidelity", enabled=progress) as bar, \
-            cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_open_worker,
-                                   initargs=(store.root,)) as pool:
-        for n, result in enumerate(pool.map(_measure, chosen.tolist(), chunksize=4), 1):
+    with Progress(len(entries), "fidelity", enabled=progress) as bar, contextlib.ExitStack() as stack:
+        if jobs > 1:
+            pool = stack.enter_context(cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")))
+            measured = pool.map(_measure, entries, chunksize=4)
+        else:
+            measured = map(_measure, entries)  # in this process: an MPI rank must not fork
+        for n, result in enumerate(measured, 1):
             results.append(result)
             bar.update_to(n)
     top = max(len(sizes) for sizes, _, _ in results)
@@ -116,7 +121,8 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
                          msssims.mean(0).round(4).tolist())
 
 
-def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = False) -> FidelityCurve:
+def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = False,
+                 jobs: int | None = None) -> FidelityCurve:
     """The curve for ``auto`` fidelity, measured once per store and sample and kept in the runtime dir."""
     from .control import runtime_dir
     path = os.path.join(runtime_dir(), f"fidelity-{store.meta['store_id']}-{sample}-{seed}.json")
@@ -125,12 +131,20 @@ def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = Fals
             return FidelityCurve(**json.load(f))
     except (OSError, ValueError, TypeError):
         pass
-    curve = analyse(store, sample, seed, progress=progress)
+    curve = analyse(store, sample, seed, jobs, progress=progress)
     tmp = f"{path}.{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(asdict(curve), f)
     os.replace(tmp, path)
     return curve
+
+
+def auto_fidelity(store: Store, min_ssim: float, jobs: int | None = None) -> tuple[int, str]:
+    """``auto:SSIM``: the smallest K whose mean SSIM reaches ``min_ssim``, and a line saying so."""
+    curve = cached_curve(store, AUTO_SAMPLE, jobs=jobs)
+    k = curve.recommend(min_ssim)
+    return k, (f"fidelity auto:{min_ssim} -> {'full' if k == FULL else k} (smallest K with mean SSIM >= "
+               f"{min_ssim} over {curve.images} sampled images)")
 
 
 def format_curve(curve: FidelityCurve, min_ssim: float) -> str:

@@ -16,6 +16,7 @@ finalised and mpiexec exits 0.  A peer that never says BYE aborts the job after 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -29,7 +30,8 @@ from .format import StoreError, shard_name
 from .index import Index
 from .placement import Placement, place
 from .stage import stage
-from .store import LocalShards, Store
+from .fidelity import auto_fidelity
+from .store import FULL, LocalShards, Store
 
 log = logging.getLogger("fanfs")
 
@@ -85,6 +87,20 @@ def missing_shards(directory: str, placement: Placement, rank: int, index: Index
     return missing
 
 
+def job_fidelity(world: World, store_root: str, index: Index, min_ssim: float) -> int:
+    """``auto:SSIM`` for the whole job: rank 0 measures the curve (in-process, reading the shared
+    store), every rank gets the same K; no other rank reads the index or the shards for it."""
+    k, error = FULL, None
+    if world.rank == 0:
+        try:
+            k, note = auto_fidelity(Store(store_root, check_shards=False, index=index), min_ssim, jobs=1)
+            log.info("%s", note)
+        except (StoreError, OSError) as err:
+            error = str(err)
+    world.agree(error)
+    return int(world.allgather(k)[0])
+
+
 def mount_node(store_root: str, mountpoint: str, options: MountOptions) -> int:
     """Mount this node's view of the store (collective under MPI); returns the serving pid."""
     assert options.local_dir is not None
@@ -102,6 +118,8 @@ def mount_node(store_root: str, mountpoint: str, options: MountOptions) -> int:
         error = str(err)
     world.agree(error)
     index = load_index(store_root, world)
+    if options.auto_ssim is not None:
+        options = dataclasses.replace(options, fidelity=job_fidelity(world, store_root, index, options.auto_ssim))
     if options.stage:
         report = stage(store_root, options.local_dir, options.replicas, world, index)
         if report is not None:

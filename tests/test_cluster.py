@@ -322,3 +322,18 @@ def test_remote_reads_carry_only_the_layers_the_fidelity_needs(tmp_path):
             stats = job.stats(rank)
             assert len(stats["stored_by_layer"]) <= 2 and stats["cluster"]["remote_bytes"] > 0, stats
     local.close()
+
+
+def test_auto_fidelity_is_resolved_once_for_the_job(tmp_path):
+    from jpeg_samples import build_samples
+
+    from fanfs.fidelity import auto_fidelity
+    build_samples(tmp_path / "src")
+    store = tmp_path / "store"
+    fanfs("pack", tmp_path / "src", store, "--progressive-jpeg", "--quiet")
+    with Job(store, tmp_path, 1, "--stage", "--fidelity", "auto:0.9") as job:
+        chosen = {job.stats(rank)["fidelity"] for rank in range(NODES)}
+    local = Store(str(store))
+    assert chosen == {auto_fidelity(local, 0.9, jobs=1)[0]}  # every node got rank 0's measurement
+    local.close()
+    assert job.log.read_text().count("fidelity auto:0.9 ->") == 1
