@@ -73,10 +73,12 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(f"jpeg       {info['jpeg_records']:,} progressive records (layers: "
                      + ", ".join(f"{k}: {v}" for k, v in info["jpeg_layers"].items())
                      + f"), {info['jpeg_fallbacks']:,} kept as plain files")
-    lines.append("codec            files        raw     stored   ratio")
+    width = max([len("codec"), *(len(c["codec"]) for c in info["codecs"])])
+    lines.append(f"{'codec':<{width}}   files        raw     stored   ratio")
     for c in info["codecs"]:
         ratio = f"{c['ratio']:.2f}" if c["ratio"] else "-"
-        lines.append(f"{c['codec']:<14} {c['files']:>7,} {human_size(c['raw']):>10} {human_size(c['stored']):>10} {ratio:>7}")
+        lines.append(f"{c['codec']:<{width}} {c['files']:>7,} {human_size(c['raw']):>10} "
+                     f"{human_size(c['stored']):>10} {ratio:>7}")
     if info.get("classes"):
         lines.append("class (plan)  codec                  files        raw     stored   ratio  predicted")
         for c in info["classes"]:
