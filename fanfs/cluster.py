@@ -76,16 +76,16 @@ class World:
         """A private communicator (collective: every rank calls it in the same order)."""
         return self.comm.Dup()
 
-    def bcast_bytes(self, data: bytes | None) -> bytes:
-        """Rank 0's ``data`` on every rank, sent as one raw buffer (an index can be 100+ MB)."""
+    def bcast_bytes(self, data: bytearray | None) -> bytearray:
+        """Rank 0's ``data`` on every rank, sent in place as one raw buffer (an index can be 100+ MB)."""
         if self.comm is None:
             assert data is not None
             return data
         from mpi4py import MPI
         size = self.comm.bcast(len(data) if self.rank == 0 else None)
-        buf = bytearray(data) if self.rank == 0 else bytearray(size)
+        buf = data if self.rank == 0 else bytearray(size)
         self.comm.Bcast([buf, MPI.BYTE])
-        return bytes(buf)
+        return buf
 
     def allgather(self, value: Any) -> list[Any]:
         return [value] if self.comm is None else self.comm.allgather(value)
@@ -117,7 +117,8 @@ def load_index(store_root: str, world: World) -> Index:
     if world.rank == 0:
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(data)  # straight into the buffer that is broadcast
         except OSError as err:
             error = f"{store_root}: cannot read the index: {err.strerror or err}"
     world.agree(error)

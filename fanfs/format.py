@@ -16,8 +16,8 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO
 
 import numpy as np
 import xxhash
@@ -39,6 +39,28 @@ RECORD_PLAIN, RECORD_JPEG = 0, 1
 
 checksum = xxhash.xxh3_64_intdigest
 """The checksum of every blob, file, shard and the index: xxh3-64 (tens of GB/s, non-cryptographic)."""
+
+_BLOCK = 1 << 20
+
+
+def read_blocks(f: BinaryIO) -> Iterator[memoryview]:
+    """A file's bytes as views of one reused buffer, small enough to stay in cache while hashed and copied."""
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
+    while n := f.readinto(buf):
+        yield view[:n]
+
+
+def digest_file(f: BinaryIO, on_block: Callable[[int], None] | None = None) -> tuple[int, int]:
+    """(size, checksum) of the rest of an open file; ``on_block(n)`` after each block (progress)."""
+    digest = xxhash.xxh3_64()
+    size = 0
+    for block in read_blocks(f):
+        digest.update(block)
+        size += len(block)
+        if on_block:
+            on_block(len(block))
+    return size, digest.intdigest()
 
 
 class StoreError(Exception):
@@ -96,19 +118,17 @@ def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.nda
     return size
 
 
-def read_index(path: str, data: bytes | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray], mmap.mmap]:
-    """Map an index, verify its checksum and version, and return (meta, read-only columns, the map).
+def read_index(path: str, data: bytes | bytearray | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray], int]:
+    """Map an index, verify its checksum and version, and return (meta, read-only columns, its size).
 
     The checksum is computed with buffered reads rather than through the map so that verifying a
     large index does not leave it all resident in this process.  ``data``: the index file's bytes
-    already in memory (broadcast to the nodes of a job, read once from the shared file system).
+    already in memory (broadcast to the nodes of a job): the columns are views of it, no copy.
     """
     if data is not None:
         view = memoryview(data)
         json_len = _check_index(path, len(data), lambda length, offset: view[offset:offset + length])
-        mapped = mmap.mmap(-1, len(data))
-        mapped.write(data)
-        return _parse_index(mapped, json_len)
+        return _parse_index(data, json_len)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -148,10 +168,14 @@ def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memor
     return json_len
 
 
-def _parse_index(mapped: mmap.mmap, json_len: int) -> tuple[dict[str, Any], dict[str, np.ndarray], mmap.mmap]:
+def _parse_index(buffer: mmap.mmap | bytes | bytearray,
+                 json_len: int) -> tuple[dict[str, Any], dict[str, np.ndarray], int]:
     start = _INDEX_HEAD.size
-    meta = json.loads(bytes(mapped[start:start + json_len]))
+    meta = json.loads(bytes(buffer[start:start + json_len]))
     base = -(-(start + json_len) // _ALIGN) * _ALIGN
-    columns = {name: np.frombuffer(mapped, dtype=np.dtype(dtype), count=count, offset=base + offset)
-               for name, (dtype, offset, count) in meta.pop("columns").items()}
-    return meta, columns, mapped
+    columns = {}
+    for name, (dtype, offset, count) in meta.pop("columns").items():
+        column = np.frombuffer(buffer, dtype=np.dtype(dtype), count=count, offset=base + offset)
+        column.flags.writeable = False  # a broadcast buffer is a bytearray; the index is read-only all the same
+        columns[name] = column
+    return meta, columns, len(buffer)

@@ -33,9 +33,9 @@ SHARD_COLUMNS = {"shard_size": np.uint64, "shard_checksum": np.uint64}
 class Index:
     """Read-only view of an index file; attribute columns are public numpy arrays."""
 
-    def __init__(self, path: str, data: bytes | None = None) -> None:
+    def __init__(self, path: str, data: bytes | bytearray | None = None) -> None:
         """``data``: the file's bytes already in memory (broadcast to a job's nodes) instead of reading ``path``."""
-        self.meta, columns, self._map = read_index(path, data)
+        self.meta, columns, self.nbytes = read_index(path, data)
         for name, column in columns.items():
             setattr(self, name, column)
         self.entries = int(self.parent.size)

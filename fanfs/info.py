@@ -27,7 +27,7 @@ def store_info(store: Store) -> dict[str, Any]:
         "codecs": codecs,
         "shard_bytes": {"min": int(sizes.min()) if sizes.size else 0, "max": int(sizes.max()) if sizes.size else 0,
                         "total": int(sizes.sum())},
-        "index_bytes": int(store.index._map.size()),
+        "index_bytes": store.index.nbytes,
         "jpeg_layers": _jpeg_layers(store),
         "classes": _plan_classes(store),
     }

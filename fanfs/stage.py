@@ -13,19 +13,17 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any
 
 import xxhash
 
 from .cluster import World
-from .format import SHARD_DIR, shard_name
+from .format import SHARD_DIR, digest_file, read_blocks, shard_name
 from .index import Index
 from .placement import Placement, place
 from .progress import Progress
 from .units import human_rate, human_size
 
-BLOCK = 1 << 20
 PROGRESS_SECONDS = 0.25
 LINE_SECONDS = 5.0
 _PROGRESS_TAG = 7
@@ -127,26 +125,15 @@ class JobProgress:
             self.comm.Free()
 
 
-def _blocks(f: BinaryIO) -> Iterator[memoryview]:
-    """A file's bytes as views of one reused buffer, small enough to stay in cache while hashed and written."""
-    buf = bytearray(BLOCK)
-    view = memoryview(buf)
-    while n := f.readinto(buf):
-        yield view[:n]
-
-
 def intact(path: str, size: int, expected: int) -> bool:
     """Is the file at ``path`` this shard, whole (size first: cheap; then the checksum of every byte)?"""
     try:
         if os.stat(path).st_size != size:
             return False
-        digest = xxhash.xxh3_64()
         with open(path, "rb", buffering=0) as f:
-            for block in _blocks(f):
-                digest.update(block)
+            return digest_file(f) == (size, expected)
     except OSError:
         return False
-    return digest.intdigest() == expected
 
 
 def _copy(src: str, dst: str, expected: int, advance: Any) -> str | None:
@@ -155,7 +142,7 @@ def _copy(src: str, dst: str, expected: int, advance: Any) -> str | None:
     digest = xxhash.xxh3_64()
     try:
         with open(src, "rb", buffering=0) as fin, open(tmp, "wb", buffering=0) as fout:
-            for block in _blocks(fin):
+            for block in read_blocks(fin):
                 digest.update(block)
                 fout.write(block)
                 advance(len(block))

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from .format import DIR, FILE, RECORD_JPEG, SHARD_DIR, SHARD_HEADER, StoreError, check_shard_header, shard_name
+from .format import (DIR, FILE, RECORD_JPEG, SHARD_DIR, SHARD_HEADER, StoreError, check_shard_header,
+                     digest_file, shard_name)
 from .progress import Progress
 from .store import FULL, Store
 from .walk import walk
@@ -52,23 +53,24 @@ def _verify_shards(store: Store, report: VerifyReport, problem: Callable[[str], 
     directory = os.path.join(store.root, SHARD_DIR)
     with Progress(int(ix.shard_size.sum()), "shards", enabled=progress, unit="B") as bar:
         done = 0
+
+        def advance(n: int) -> None:
+            nonlocal done
+            done += n
+            bar.update_to(done)
+
         for shard in range(ix.shard_size.size):
             path = os.path.join(directory, shard_name(shard))
             report.shards += 1
             try:
-                with open(path, "rb") as f:
+                with open(path, "rb", buffering=0) as f:
                     check_shard_header(f.read(SHARD_HEADER.size), shard, store.id, path)
                     f.seek(0)
-                    digest = xxhash.xxh3_64()
-                    while block := f.read(8 << 20):
-                        digest.update(block)
-                        done += len(block)
-                        bar.update_to(done)
-                    size = f.tell()
+                    size, digest = digest_file(f, advance)
             except (OSError, StoreError) as err:
                 problem(f"shard {shard_name(shard)}: {err}")
                 continue
-            if size != int(ix.shard_size[shard]) or digest.intdigest() != int(ix.shard_checksum[shard]):
+            if size != int(ix.shard_size[shard]) or digest != int(ix.shard_checksum[shard]):
                 problem(f"shard {shard_name(shard)}: checksum mismatch (size {size}, index {int(ix.shard_size[shard])})")
 
 
