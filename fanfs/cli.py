@@ -181,7 +181,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     k = _resolve_fidelity(status["store"], args.fidelity)
     answer = request(args.mountpoint, {"cmd": "fidelity", "fidelity": k}, timeout=600)
     print(f"{args.mountpoint}: fidelity {'full' if k == FULL else k} for files opened from now on "
-          f"({answer['invalidated']:,} cached files invalidated, {answer['deferred']:,} open ones switch at close)")
+          f"({answer['invalidated']:,} cached names invalidated; files already open keep their bytes)")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -97,19 +98,16 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
 
     ``on_ready`` runs once the mount serves; ``extra_stats`` adds to the "stats" answer (a cluster node's peers).
     """
-    from .fusefs import FanfsOperations, serve
-    served = False
+    from .fusefs import FanfsFS, serve
 
     def ready() -> None:
-        nonlocal served
-        served = True
         log.info("serving %s at %s (pid %d)", store.root, mountpoint, os.getpid())
         if ready_fd is not None:
             _report(ready_fd, "ready")
         if on_ready is not None:
             on_ready()
 
-    ops = FanfsOperations(store, options.fidelity, ready)
+    ops = FanfsFS(store, options.fidelity, ready)
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
     server = control.ControlServer(mountpoint, {
         "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
@@ -119,11 +117,9 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
         "fidelity": lambda m: ops.set_fidelity(int(m["fidelity"])),
     })
     try:
-        serve(store, mountpoint, ops, allow_other=options.allow_other, debug=options.debug)
-    except RuntimeError as err:  # libfuse reports a loop ended by SIGTERM/SIGINT as an error
-        if not served:
-            raise
-        log.info("stopped by a signal (%s)", err)
+        ended_by = serve(store, mountpoint, ops, allow_other=options.allow_other, debug=options.debug)
+        if ended_by > 0:
+            log.info("stopped by signal %d (%s)", ended_by, signal.Signals(ended_by).name)
     finally:
         server.close()
         store.close()
@@ -177,7 +173,6 @@ def _setup_logging(logfile: str | None, debug: bool) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if debug else logging.INFO)
-    logging.getLogger("mfusepy").setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
 def _log_tail(logfile: str) -> str:

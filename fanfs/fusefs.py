@@ -1,164 +1,205 @@
-"""The FUSE front: a thin mfusepy adapter over :class:`fanfs.store.Store`.
+"""The FUSE front: a thin layer over :class:`fanfs.store.Store` on libfuse's low-level API.
 
-Measured choices (README "FUSE"): one single-threaded loop (multithreaded Python daemons fight over
-the GIL), kernel caching of data (keep_cache on open) and of attributes, entries and negative lookups
-for a day, since a store never changes.
+**Inodes are immutable.**  An inode number names an entry *and the view it is presented at*
+(``ino = view << 32 | entry + 1``; view 0 is the full file, view K a JPEG record's first K layers).
+The size and bytes behind an inode never change, so the kernel may cache attributes, directory
+entries and pages for a day, and a reader's ``open``/``fstat``/``read``/``mmap`` always agree: they all
+go through one inode.  A fidelity switch changes only which inode a *name* resolves to: new lookups
+get the new view; the kernel's cached names of records are invalidated afterwards (from the control
+thread, never the loop's), so a switch reaches every name within moments, while files already open
+keep their bytes.  Nothing is torn, however slow the invalidation: there is no window to race in.
 
-Fidelity switching must not fight that caching.  Each open pins its fidelity in the file handle.  For
-JPEG records the daemon remembers at which fidelity the kernel last saw each entry (``shown``) and how
-many opens it has; a switch invalidates the kernel's attributes and pages of every closed entry shown
-at another fidelity, and an entry still open keeps presenting its old fidelity (size and bytes) until
-its last close, when it is invalidated.  So no read is ever torn, and every open after that sees the
-new size and bytes.
+``open`` answers ENOSYS (the kernel then keeps page caches and sends no open/release), so reads carry
+no per-open state.  The loop is single-threaded (multithreaded Python daemons fight over the GIL).
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
 
-os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
-import mfusepy  # noqa: E402  (needs FUSE_LIBRARY_NAME before import)
-
-from .format import DIR, FILE, RECORD_JPEG  # noqa: E402
-from .store import FULL, Store  # noqa: E402
+from . import lowlevel as ll
+from .format import DIR, FILE, RECORD_JPEG
+from .store import FULL, Store
 
 log = logging.getLogger("fanfs")
 
 CACHE_SECONDS = 86400.0
+VIEW_SHIFT = 32
+ENTRY_MASK = (1 << VIEW_SHIFT) - 1
+SETTLE_SECONDS = 0.2
+"""After a switch, names whose lookup was in flight are invalidated again once this long has passed."""
 
 
-class FanfsOperations(mfusepy.Operations):
-    """Path-based operations; every write-like operation is refused by the ``ro`` mount itself."""
-
-    use_ns = True
+class FanfsFS:
+    """Answers the kernel's requests from a store; ``fidelity`` chooses the view of JPEG records."""
 
     def __init__(self, store: Store, fidelity: int, on_ready: Callable[[], None]) -> None:
         self.store = store
         self.fidelity = fidelity
+        self.session: ll.Session | None = None
         self._on_ready = on_ready
-        self._last_path: str | None = None
-        self._last_entry = 0
-        self.fuse_handle: int | None = None
-        self._record = store.index.record
-        entries = store.index.entries
-        self._shown = np.zeros(entries, np.uint16)  # fidelity the kernel has cached for a JPEG record; 0: none
-        self._opens = np.zeros(entries, np.uint32)
-        self._lock = threading.Lock()  # the control thread switches fidelity while the loop serves
-        # Opens exist only to pin a JPEG record's fidelity.  A store without records answers ENOSYS:
-        # the kernel then stops sending open and release altogether and keeps its page cache.
-        self._pins_fidelity = bool((self._record == RECORD_JPEG).any())
+        ix = store.index
+        self._ix = ix
+        self._type, self._mode, self._mtime, self._size = ix.type, ix.mode, ix.mtime, ix.size
+        self._layers = ix.layers
+        self._layered = (ix.record == RECORD_JPEG) & (ix.type == FILE)
+        self._entries = ix.entries
+        # view + 1 that the kernel was last told for a record's name (0: never looked up or invalidated)
+        self._named = np.zeros(self._entries, np.uint16)
+        self._switch_lock = threading.Lock()  # one switch at a time
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._entry = ll.EntryParam(attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
+        self._negative = ll.EntryParam(ino=0, attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
+        self._attr = ll.Stat()
+        self._dirent = ll.Stat()
+        totals = store.meta["totals"]
+        self._statfs = ll.StatVfs(f_bsize=4096, f_frsize=4096, f_blocks=-(-totals["bytes_presented"] // 4096),
+                                  f_files=totals["entries"], f_namemax=255)
 
-    def _entry(self, path: str) -> int:
-        if path == self._last_path:
-            return self._last_entry
-        entry = self.store.lookup(os.fsencode(path)[1:])
-        self._last_path, self._last_entry = path, entry
-        return entry
+    # --- inodes and views ---------------------------------------------------------------------
 
-    def init(self, path: str) -> None:
-        self.fuse_handle = mfusepy._libfuse.fuse_get_context().contents.fuse
+    def view(self, entry: int) -> int:
+        """The view an entry is presented at now: 0 (full) or a JPEG record's layer count K."""
+        if self._layered[entry]:
+            k = self.fidelity
+            if k < int(self._layers[entry]):
+                return k
+        return 0
+
+    def _decode(self, ino: int) -> tuple[int, int]:
+        entry = (ino & ENTRY_MASK) - 1
+        view = ino >> VIEW_SHIFT
+        if not 0 <= entry < self._entries or (view and not (self._layered[entry] and view < self._layers[entry])):
+            raise OSError(errno.ESTALE, "unknown inode")
+        return entry, view
+
+    def _fill(self, st: ll.Stat, entry: int, view: int) -> None:
+        """Attributes of ``entry`` at ``view`` into ``st`` (owner: whoever mounted; the store is read-only)."""
+        kind = int(self._type[entry])
+        size = self.store.size_at(entry, view) if view else int(self._size[entry])
+        mtime = int(self._mtime[entry])
+        st.st_ino = view << VIEW_SHIFT | (entry + 1)
+        st.st_mode = int(self._mode[entry])
+        st.st_nlink = 2 if kind == DIR else 1
+        st.st_uid, st.st_gid = self._uid, self._gid
+        st.st_size = size
+        st.st_blocks = (size + 511) // 512
+        st.st_blksize = 1 << 17
+        st.st_mtim.tv_sec, st.st_mtim.tv_nsec = divmod(mtime, 1_000_000_000)
+        st.st_atim = st.st_ctim = st.st_mtim
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def ready(self, session: ll.Session) -> None:
+        self.session = session
         self._on_ready()
 
-    def _show(self, entry: int, opening: bool = False) -> tuple[int, int]:
-        """(fidelity to present a JPEG record at now, fidelity the kernel had cached for it): an open
-        record keeps the fidelity it was opened at, a closed one takes the current."""
-        with self._lock:
-            shown = int(self._shown[entry])
-            fidelity = shown if self._opens[entry] else self.fidelity
-            self._shown[entry] = fidelity
-            self._opens[entry] += opening
-        return fidelity, shown
+    def lookup(self, req: int, parent: int, name: bytes) -> None:
+        parent_entry, _ = self._decode(parent)
+        base = self._ix.path(parent_entry)
+        entry = self._ix.lookup(base + b"/" + name if base else name)
+        if entry < 0:
+            ll.reply_entry(req, self._negative)  # cached: the store never changes
+            return
+        view = self.view(entry)
+        if self._layered[entry]:
+            self._named[entry] = view + 1
+        param = self._entry
+        self._fill(param.attr, entry, view)
+        param.ino = param.attr.st_ino
+        ll.reply_entry(req, param)
 
-    def getattr(self, path: str, fh: object = None) -> dict[str, int]:
-        entry = self._entry(path)
-        if self._record[entry] == RECORD_JPEG:
-            return self.store.getattr(entry, self._show(entry)[0])
-        return self.store.getattr(entry)
+    def getattr(self, req: int, ino: int) -> None:
+        entry, view = self._decode(ino)
+        self._fill(self._attr, entry, view)
+        ll.reply_attr(req, self._attr, CACHE_SECONDS)
 
-    def readdir(self, path: str, fh: int) -> list:
-        # Inode and mode must be given: libfuse would otherwise send inode 0, which readers skip.
-        return [".", "..", *((os.fsdecode(name), {"st_ino": ino, "st_mode": mode}, 0)
-                             for name, ino, mode in self.store.listdir(self._entry(path)))]
+    def readlink(self, req: int, ino: int) -> None:
+        entry, _ = self._decode(ino)
+        ll.reply_readlink(req, self.store.readlink(entry))
 
-    def readlink(self, path: str) -> str:
-        return os.fsdecode(self.store.readlink(self._entry(path)))
+    def read(self, req: int, ino: int, size: int, offset: int) -> None:
+        entry, view = self._decode(ino)
+        data = self.store.read(entry, offset, size, view or FULL)
+        ll.reply_buf(req, data, len(data))
 
-    def open(self, path: str, fi: mfusepy.fuse_file_info) -> int:
-        if not self._pins_fidelity:
-            raise OSError(errno.ENOSYS, "open is not needed")
-        entry = self._entry(path)
-        kind = self.store.index.type[entry]
-        if kind != FILE:
-            raise OSError(errno.EISDIR if kind == DIR else errno.EINVAL, "not a file")
-        if fi.flags & (os.O_WRONLY | os.O_RDWR):
-            raise OSError(errno.EROFS, "read-only file system")
-        if self._record[entry] == RECORD_JPEG:
-            fidelity, shown = self._show(entry, opening=True)
-            fi.fh = fidelity
-            fi.keep_cache = int(shown == fidelity)  # pages cached at another fidelity are dropped
-        else:
-            fi.fh = FULL
-            fi.keep_cache = 1
-        self.store.stats.opens += 1
-        return 0
+    def readdir(self, req: int, ino: int, size: int, offset: int) -> None:
+        entry, _ = self._decode(ino)
+        children = self.store.listdir(entry)  # raises ENOTDIR for a file
+        buf = ll.ctypes.create_string_buffer(size)
+        used = 0
+        st = self._dirent
+        rows = [(b".", entry), (b"..", int(self._ix.parent[entry]))]
+        rows += [(name, child - 1) for name, child, _ in children]
+        for position in range(offset, len(rows)):
+            name, child = rows[position]
+            st.st_ino = self.view(child) << VIEW_SHIFT | (child + 1)
+            st.st_mode = int(self._mode[child])
+            n = ll.add_direntry(req, buf, used, name, st, position + 1)
+            if used + n > size:
+                break
+            used += n
+        ll.reply_buf(req, buf.raw[:used], used)
 
-    def read(self, path: str, size: int, offset: int, fi: mfusepy.fuse_file_info) -> bytes:
-        return self.store.read(self._entry(path), offset, size, fi.fh)  # fh 0 (no open): a plain file
+    def statfs(self, req: int, ino: int) -> None:
+        ll.reply_statfs(req, self._statfs)
 
-    def release(self, path: str, fi: mfusepy.fuse_file_info) -> int:
-        entry = self._entry(path)
-        if self._record[entry] == RECORD_JPEG:
-            with self._lock:
-                self._opens[entry] -= 1
-                stale = not self._opens[entry] and self._shown[entry] != self.fidelity
-                if stale:
-                    self._shown[entry] = 0
-            if stale:  # no user left: safe to invalidate from the loop itself
-                invalidate_path(self, self.store.index.path(entry))
-        return 0
+    # --- fidelity -------------------------------------------------------------------------------
 
     def set_fidelity(self, fidelity: int) -> dict[str, int]:
-        """Switch fidelity for opens from now on; returns how many entries were invalidated or deferred."""
-        with self._lock:
+        """Present JPEG records at ``fidelity`` to every lookup from now on; drop the kernel's stale names.
+
+        Returns how many names were invalidated.  Reads of files already open are unaffected.
+        """
+        with self._switch_lock:
             self.fidelity = fidelity
-            stale = (self._shown != 0) & (self._shown != fidelity)
-            closed = np.flatnonzero(stale & (self._opens == 0))
-            self._shown[closed] = 0
-            deferred = int(np.count_nonzero(stale)) - closed.size
-        for entry in closed.tolist():  # outside the lock: the loop may need it to finish a read
-            invalidate_path(self, self.store.index.path(entry))
-        log.info("fidelity %s: %d cached entries invalidated, %d open ones deferred to their close",
-                 "full" if fidelity == FULL else fidelity, closed.size, deferred)
-        return {"fidelity": fidelity, "invalidated": int(closed.size), "deferred": deferred}
+            invalidated = self._invalidate_stale()
+            time.sleep(SETTLE_SECONDS)  # lookups answered just before the switch are in flight: catch them too
+            invalidated += self._invalidate_stale()
+        log.info("fidelity %s: %d cached names invalidated", "full" if fidelity == FULL else fidelity, invalidated)
+        return {"fidelity": fidelity, "invalidated": invalidated}
 
-    def statfs(self, path: str) -> dict[str, int]:
-        totals = self.store.meta["totals"]
-        block = 4096
-        return {"f_bsize": block, "f_frsize": block, "f_blocks": -(-totals["bytes_presented"] // block),
-                "f_bfree": 0, "f_bavail": 0, "f_files": totals["entries"], "f_ffree": 0, "f_namemax": 255}
+    def _invalidate_stale(self) -> int:
+        named = self._named
+        k = self.fidelity
+        current = np.where(k < self._layers, k, 0).astype(np.uint16) + 1
+        stale = np.flatnonzero((named != 0) & (named != current))
+        named[stale] = 0  # before the invalidation: a lookup racing with it records itself again
+        session = self.session
+        done = 0
+        delay = INVALIDATE_DELAY
+        for entry in stale.tolist():
+            if session is None:
+                break
+            path = self._ix.path(entry)
+            parent = int(self._ix.parent[entry]) + 1
+            if session.invalidate_entry(parent, path.rpartition(b"/")[2]) in (0, -errno.ENOENT):
+                done += 1
+            if delay:
+                time.sleep(delay)
+        return done
 
 
-def serve(store: Store, mountpoint: str, ops: FanfsOperations, *, allow_other: bool = False,
-          debug: bool = False) -> None:
-    """Mount and serve until unmounted or signalled (SIGINT/SIGTERM/SIGHUP unmount cleanly)."""
-    options = dict(foreground=True, nothreads=True, raw_fi=True, ro=True, default_permissions=True,
-                   fsname="fanfs:" + os.path.abspath(store.root).replace("\\", "\\\\").replace(",", "\\,"), subtype="fanfs", use_ino=True,
-                   attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS, negative_timeout=CACHE_SECONDS,
-                   auto_unmount=True, debug=debug)
+INVALIDATE_DELAY = float(os.environ.get("FANFS_DEBUG_INVALIDATE_DELAY", "0") or 0)
+"""Fault injection for tests: seconds to pause between two invalidations of a switch (a slow kernel)."""
+
+
+def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False) -> int:
+    """Mount and serve until unmounted or signalled; returns 0 or the signal that ended the loop."""
+    fsname = "fanfs:" + os.path.abspath(store.root).replace("\\", "\\\\").replace(",", "\\,")
+    options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs", "auto_unmount"]
     if allow_other:
-        options["allow_other"] = True
-    mfusepy.FUSE(ops, mountpoint, **options)
+        options.append("allow_other")
+    session = ll.Session(fs, mountpoint, options, debug=debug)
+    try:
+        return session.loop()
+    finally:
+        session.close()
 
-
-def invalidate_path(ops: FanfsOperations, path: bytes) -> int:
-    """Drop the kernel's cached attributes and data of one path (libfuse 3 high-level API)."""
-    if ops.fuse_handle is None:
-        return -errno.ENOTCONN
-    return mfusepy._libfuse.fuse_invalidate_path(ctypes.c_void_p(ops.fuse_handle), b"/" + path)

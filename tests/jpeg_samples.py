@@ -115,3 +115,25 @@ def build_samples(dst: Path) -> dict[str, Path]:
     (dst / "fake.jpg").write_bytes(b"\xff\xd8\xff\xe0" + rng.bytes(20000))
     out["fake"] = dst / "fake.jpg"
     return out
+
+
+def make_photo_set(dst: Path, count: int, seed: int = 0) -> list[Path]:
+    """``count`` distinct real-photo JPEGs (random crops of the shipped photos, ~250-500 px, qualities
+    75-95, some grayscale, some 4:4:4): an ImageNet-like folder for tests that need many images."""
+    dst.mkdir(parents=True, exist_ok=True)
+    photos = [Image.open(p).convert("RGB") for p in photo_paths().values()]
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        im = photos[int(rng.integers(len(photos)))]
+        w, h = im.size
+        cw, ch = int(rng.integers(w // 3, w)), int(rng.integers(h // 3, h))
+        x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+        crop = im.crop((x, y, x + cw, y + ch))
+        crop.thumbnail((int(rng.integers(250, 500)),) * 2)
+        if i % 7 == 3:
+            crop = crop.convert("L")
+        path = dst / f"img_{i:05d}.jpg"
+        crop.save(path, "JPEG", quality=int(rng.integers(75, 96)), subsampling=0 if i % 5 == 1 else 2)
+        out.append(path)
+    return out

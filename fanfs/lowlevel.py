@@ -1,0 +1,244 @@
+"""A minimal ctypes binding of libfuse 3's low-level API: the requests a read-only file system answers.
+
+Why low level (README "FUSE"): inode numbers are ours, so every (entry, view) pair can be its own
+inode whose size and bytes never change (a fidelity switch only changes which inode a name resolves
+to), and a reply may be sent later from another thread, so the single request loop never waits on a
+peer or a slow decode.  ``open`` and ``opendir`` answer ENOSYS: the kernel then stops sending them
+(and release) and keeps every inode's page cache, which an immutable inode makes always right.
+
+Only what a read-only tree needs is bound: lookup, getattr, readlink, read, readdir, statfs; the
+kernel refuses writes on the ``ro`` mount itself.  ``struct fuse_file_info`` (bitfields whose layout
+moved between libfuse releases) is never read or written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+import platform
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+log = logging.getLogger("fanfs")
+
+c_ino = ctypes.c_uint64
+c_req = ctypes.c_void_p
+
+
+class Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_int64)]
+
+
+if platform.machine() in ("x86_64", "AMD64"):
+    class Stat(ctypes.Structure):
+        _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64), ("st_nlink", ctypes.c_uint64),
+                    ("st_mode", ctypes.c_uint32), ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
+                    ("_pad0", ctypes.c_int32), ("st_rdev", ctypes.c_uint64), ("st_size", ctypes.c_int64),
+                    ("st_blksize", ctypes.c_int64), ("st_blocks", ctypes.c_int64), ("st_atim", Timespec),
+                    ("st_mtim", Timespec), ("st_ctim", Timespec), ("_reserved", ctypes.c_int64 * 3)]
+elif platform.machine() in ("aarch64", "arm64", "riscv64"):  # the generic kernel layout
+    class Stat(ctypes.Structure):  # type: ignore[no-redef]
+        _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64), ("st_mode", ctypes.c_uint32),
+                    ("st_nlink", ctypes.c_uint32), ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
+                    ("st_rdev", ctypes.c_uint64), ("_pad1", ctypes.c_uint64), ("st_size", ctypes.c_int64),
+                    ("st_blksize", ctypes.c_int32), ("_pad2", ctypes.c_int32), ("st_blocks", ctypes.c_int64),
+                    ("st_atim", Timespec), ("st_mtim", Timespec), ("st_ctim", Timespec),
+                    ("_unused", ctypes.c_uint32 * 2)]
+else:
+    raise ImportError(f"fanfs's FUSE binding knows struct stat on x86_64 and aarch64, not {platform.machine()}")
+
+
+class EntryParam(ctypes.Structure):
+    _fields_ = [("ino", c_ino), ("generation", ctypes.c_uint64), ("attr", Stat),
+                ("attr_timeout", ctypes.c_double), ("entry_timeout", ctypes.c_double)]
+
+
+class StatVfs(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_ulong) for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
+                                                    "f_files", "f_ffree", "f_favail", "f_fsid", "f_flag",
+                                                    "f_namemax")] + [("_spare", ctypes.c_int * 6)]
+
+
+class Args(ctypes.Structure):
+    _fields_ = [("argc", ctypes.c_int), ("argv", ctypes.POINTER(ctypes.c_char_p)), ("allocated", ctypes.c_int)]
+
+
+_vp = ctypes.c_void_p
+INIT = ctypes.CFUNCTYPE(None, _vp, _vp)
+LOOKUP = ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_char_p)
+INO_FI = ctypes.CFUNCTYPE(None, c_req, c_ino, _vp)  # getattr, open, opendir
+INO = ctypes.CFUNCTYPE(None, c_req, c_ino)  # readlink, statfs
+READ = ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t, ctypes.c_int64, _vp)  # read, readdir
+
+# struct fuse_lowlevel_ops of libfuse 3.14, in order; what is left None gets libfuse's default reply.
+_OPS = ("init", "destroy", "lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink",
+        "rmdir", "symlink", "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir",
+        "readdir", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr",
+        "access", "create", "getlk", "setlk", "bmap", "ioctl", "poll", "write_buf", "retrieve_reply",
+        "forget_multi", "flock", "fallocate", "readdirplus", "copy_file_range", "lseek")
+
+
+class LowLevelOps(ctypes.Structure):
+    _fields_ = [(name, _vp) for name in _OPS]
+
+
+def _load() -> ctypes.CDLL:
+    name = ctypes.util.find_library("fuse3") or "libfuse3.so.3"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError as err:
+        raise ImportError(f"libfuse3 is not installed ({err}): install the fuse3 package (tools/setup does)") from None
+    sig = {
+        "fuse_session_new": (_vp, [ctypes.POINTER(Args), ctypes.POINTER(LowLevelOps), ctypes.c_size_t, _vp]),
+        "fuse_session_mount": (ctypes.c_int, [_vp, ctypes.c_char_p]),
+        "fuse_session_loop": (ctypes.c_int, [_vp]),
+        "fuse_session_unmount": (None, [_vp]),
+        "fuse_session_destroy": (None, [_vp]),
+        "fuse_session_exit": (None, [_vp]),
+        "fuse_set_signal_handlers": (ctypes.c_int, [_vp]),
+        "fuse_remove_signal_handlers": (None, [_vp]),
+        "fuse_reply_err": (ctypes.c_int, [c_req, ctypes.c_int]),
+        "fuse_reply_entry": (ctypes.c_int, [c_req, ctypes.POINTER(EntryParam)]),
+        "fuse_reply_attr": (ctypes.c_int, [c_req, ctypes.POINTER(Stat), ctypes.c_double]),
+        "fuse_reply_readlink": (ctypes.c_int, [c_req, ctypes.c_char_p]),
+        "fuse_reply_buf": (ctypes.c_int, [c_req, ctypes.c_char_p, ctypes.c_size_t]),
+        "fuse_reply_statfs": (ctypes.c_int, [c_req, ctypes.POINTER(StatVfs)]),
+        "fuse_add_direntry": (ctypes.c_size_t, [c_req, _vp, ctypes.c_size_t, ctypes.c_char_p,
+                                                ctypes.POINTER(Stat), ctypes.c_int64]),
+        "fuse_lowlevel_notify_inval_entry": (ctypes.c_int, [_vp, c_ino, ctypes.c_char_p, ctypes.c_size_t]),
+        "fuse_lowlevel_notify_inval_inode": (ctypes.c_int, [_vp, c_ino, ctypes.c_int64, ctypes.c_int64]),
+    }
+    for fname, (restype, argtypes) in sig.items():
+        func = getattr(lib, fname)
+        func.restype, func.argtypes = restype, argtypes
+    return lib
+
+
+_lib = _load()
+reply_err = _lib.fuse_reply_err
+reply_buf = _lib.fuse_reply_buf
+
+
+class Attr(Protocol):
+    """What a file system gives for an inode: fills a ``Stat`` in place (no Python object per reply)."""
+
+
+class FileSystem(Protocol):
+    """The requests :class:`Session` forwards; each must reply exactly once (maybe later, from any thread)."""
+
+    def lookup(self, req: int, parent: int, name: bytes) -> None: ...
+    def getattr(self, req: int, ino: int) -> None: ...
+    def readlink(self, req: int, ino: int) -> None: ...
+    def read(self, req: int, ino: int, size: int, offset: int) -> None: ...
+    def readdir(self, req: int, ino: int, size: int, offset: int) -> None: ...
+    def statfs(self, req: int, ino: int) -> None: ...
+    def ready(self, session: "Session") -> None: ...
+
+
+class Session:
+    """One mount: ``Session(fs, mountpoint, options).loop()`` serves until unmounted or signalled.
+
+    Request callbacks run in the loop thread, one at a time; a reply may be sent from any thread.
+    Any exception escaping a callback is answered with EIO and logged, so a request never goes unanswered.
+    """
+
+    def __init__(self, fs: FileSystem, mountpoint: str, options: Sequence[str], *, debug: bool = False) -> None:
+        self.fs = fs
+        self.mountpoint = mountpoint
+        argv = [b"fanfs", b"-o", ",".join(options).encode()] + ([b"-d"] if debug else [])
+        self._argv = (ctypes.c_char_p * len(argv))(*argv)
+        self._args = Args(len(argv), self._argv, 0)
+        self._callbacks = {
+            "init": INIT(self._init),
+            "lookup": LOOKUP(self._guard(fs.lookup)),
+            "getattr": INO_FI(self._guard(lambda req, ino, fi: fs.getattr(req, ino))),
+            "readlink": INO(self._guard(fs.readlink)),
+            "open": INO_FI(self._enosys),
+            "opendir": INO_FI(self._enosys),
+            "read": READ(self._guard(lambda req, ino, size, off, fi: fs.read(req, ino, size, off))),
+            "readdir": READ(self._guard(lambda req, ino, size, off, fi: fs.readdir(req, ino, size, off))),
+            "statfs": INO(self._guard(fs.statfs)),
+        }
+        self._ops = LowLevelOps(**{name: ctypes.cast(cb, _vp) for name, cb in self._callbacks.items()})
+        self._se = _lib.fuse_session_new(ctypes.byref(self._args), ctypes.byref(self._ops),
+                                         ctypes.sizeof(self._ops), None)
+        if not self._se:
+            raise OSError(errno.EINVAL, f"libfuse refused the mount options {','.join(options)}")
+        self._mounted = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _enosys(req: int, ino: int, fi: int) -> None:
+        reply_err(req, errno.ENOSYS)
+
+    def _guard(self, handler):
+        def call(req, *args):
+            try:
+                handler(req, *args)
+            except OSError as err:
+                reply_err(req, err.errno or errno.EIO)
+            except Exception:
+                log.exception("request failed")
+                reply_err(req, errno.EIO)
+        return call
+
+    def _init(self, userdata: int, conn: int) -> None:
+        try:
+            self.fs.ready(self)
+        except Exception:
+            log.exception("init failed")
+
+    def loop(self) -> int:
+        """Mount and serve; returns 0 after an unmount, or the number of the signal that ended the loop."""
+        if _lib.fuse_session_mount(self._se, os.fsencode(self.mountpoint)) != 0:
+            raise OSError(errno.EIO, f"cannot mount at {self.mountpoint} (see the log for libfuse's reason)")
+        self._mounted = True
+        _lib.fuse_set_signal_handlers(self._se)
+        try:
+            return _lib.fuse_session_loop(self._se)
+        finally:
+            _lib.fuse_remove_signal_handlers(self._se)
+            with self._lock:
+                _lib.fuse_session_unmount(self._se)
+                self._mounted = False
+
+    def invalidate_entry(self, parent: int, name: bytes) -> int:
+        """Drop the kernel's dentry ``parent/name`` (from any thread but the loop's; 0 or -errno)."""
+        with self._lock:
+            if not self._mounted:
+                return -errno.ENOTCONN
+            return _lib.fuse_lowlevel_notify_inval_entry(self._se, parent, name, len(name))
+
+    def exit(self) -> None:
+        _lib.fuse_session_exit(self._se)
+
+    def close(self) -> None:
+        if self._se:
+            _lib.fuse_session_destroy(self._se)
+            self._se = None
+
+
+def reply_entry(req: int, param: EntryParam) -> None:
+    _lib.fuse_reply_entry(req, ctypes.byref(param))
+
+
+def reply_attr(req: int, attr: Stat, timeout: float) -> None:
+    _lib.fuse_reply_attr(req, ctypes.byref(attr), timeout)
+
+
+def reply_readlink(req: int, target: bytes) -> None:
+    _lib.fuse_reply_readlink(req, target)
+
+
+def reply_statfs(req: int, stats: StatVfs) -> None:
+    _lib.fuse_reply_statfs(req, ctypes.byref(stats))
+
+
+def add_direntry(req: int, buf: ctypes.Array, used: int, name: bytes, attr: Stat, next_offset: int) -> int:
+    """Append one entry at ``used`` in ``buf``; returns its size (larger than what is left: not added)."""
+    return _lib.fuse_add_direntry(req, ctypes.addressof(buf) + used, len(buf) - used, name, ctypes.byref(attr),
+                                  next_offset)

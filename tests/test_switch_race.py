@@ -1,0 +1,105 @@
+"""Issue 8.1: no torn or undecodable read while the fidelity switches under load.
+
+Eight reader processes open, fstat, read and decode JPEG records as fast as they can while the mount's
+fidelity cycles through 1, 3, full, 5, 2, full, and every invalidation of a cached name is slowed down
+on purpose (``FANFS_DEBUG_INVALIDATE_DELAY``), so a switch's window is long.  Every read must be
+exactly as long as its fstat says, and be byte for byte one of the file's presentations (first K
+layers + EOI, or the whole record), which Pillow decodes.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+from conftest import fanfs
+from jpeg_samples import make_photo_set
+from PIL import Image
+
+from fanfs.control import request
+from fanfs.format import RECORD_JPEG
+from fanfs.store import FULL, Store
+
+SWITCHES = (1, 3, FULL, 5, 2, FULL)
+SECONDS = 12.0
+
+
+def _reader(args: tuple[str, list[str], dict[str, set[int]], float, int]) -> tuple[int, list[str]]:
+    """Read random files until the deadline; returns (reads, problems)."""
+    mnt, names, valid, deadline, seed = args
+    rng = random.Random(seed)
+    reads, problems = 0, []
+    while time.monotonic() < deadline:
+        name = rng.choice(names)
+        with open(os.path.join(mnt, name), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read()
+        reads += 1
+        if len(data) != size:
+            problems.append(f"{name}: read {len(data)} bytes, fstat said {size}")
+        elif xxhash.xxh3_64_intdigest(data) not in valid[name]:
+            problems.append(f"{name}: {len(data)} bytes that are no presentation of the record")
+        else:
+            try:
+                with Image.open(io.BytesIO(data)) as im:
+                    im.load()
+            except Exception as err:  # noqa: BLE001 - any decode failure is the finding
+                problems.append(f"{name}: does not decode: {err}")
+    return reads, problems
+
+
+@pytest.fixture(scope="module")
+def photo_store(tmp_path_factory):
+    base = tmp_path_factory.mktemp("race")
+    make_photo_set(base / "src", 60)
+    store = base / "store"
+    fanfs("pack", base / "src", store, "--progressive-jpeg", "--shard-size", "2M", "--quiet")
+    return base / "src", store
+
+
+def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
+    src, store = photo_store
+    s = Store(str(store))
+    names = sorted(p.name for p in src.iterdir())
+    valid: dict[str, set[int]] = {}
+    for name in names:
+        entry = s.lookup(name.encode())
+        assert s.index.record[entry] == RECORD_JPEG
+        layers = int(s.index.layers[entry])
+        valid[name] = {xxhash.xxh3_64_intdigest(s.read(entry, 0, s.size_at(entry, k), k))
+                       for k in range(1, layers + 1)}
+    s.close()
+    monkeypatch.setenv("FANFS_DEBUG_INVALIDATE_DELAY", "0.003")  # the daemon inherits it
+    with mount(store, "--fidelity", "2") as mnt:
+        deadline = time.monotonic() + SECONDS
+        with mp.get_context("fork").Pool(8) as pool:
+            pending = pool.map_async(_reader, [(str(mnt), names, valid, deadline, seed) for seed in range(8)])
+            switches = 0
+            while time.monotonic() < deadline:
+                k = SWITCHES[switches % len(SWITCHES)]
+                answer = request(mnt, {"cmd": "fidelity", "fidelity": k}, timeout=60)
+                assert answer["fidelity"] == k
+                switches += 1
+                time.sleep(0.2)
+            results = pending.get(timeout=120)
+        reads = sum(r for r, _ in results)
+        problems = [p for _, ps in results for p in ps]
+        print(f"{reads} reads by 8 processes, {switches} switches: {len(problems)} torn or undecodable")
+        assert switches >= 10 and reads >= 1000
+        assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"
+        # once a switch has returned, every name resolves to the new view
+        request(mnt, {"cmd": "fidelity", "fidelity": 3}, timeout=60)
+        s = Store(str(store))
+        for name in names:
+            entry = s.lookup(name.encode())
+            expected = s.read(entry, 0, s.size_at(entry, 3), 3)
+            with open(mnt / name, "rb") as f:
+                assert os.fstat(f.fileno()).st_size == len(expected) and f.read() == expected, name
+        s.close()
