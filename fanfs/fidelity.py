@@ -8,10 +8,8 @@ to pick PCR's scan group (Kuchnik et al. choose per task by gradient similarity;
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import json
-import multiprocessing as mp
 import os
 from dataclasses import asdict, dataclass
 
@@ -19,6 +17,7 @@ import numpy as np
 
 from .format import RECORD_JPEG, StoreError
 from .progress import Progress
+from .workers import process_pool
 from .store import FULL, Store
 
 
@@ -100,7 +99,7 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
     results = []
     with Progress(len(entries), "fidelity", enabled=progress) as bar, contextlib.ExitStack() as stack:
         if jobs > 1:
-            pool = stack.enter_context(cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")))
+            pool = stack.enter_context(process_pool(jobs))
             measured = pool.map(_measure, entries, chunksize=4)
         else:
             measured = map(_measure, entries)  # in this process: an MPI rank must not fork

@@ -12,10 +12,12 @@ import concurrent.futures as cf
 import contextlib
 import datetime
 import errno
+import json
 import multiprocessing as mp
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -28,11 +30,12 @@ import xxhash
 
 from . import __version__
 from .codecs import Codec, Raw, Zstd
-from .format import (CHUNK_SIZE, FILE, FORMAT_VERSION, INDEX_NAME, RECORD_JPEG, RECORD_PLAIN, SHARD_DIR,
+from .format import (CHUNK_SIZE, FILE, FORMAT_VERSION, INDEX_MAGIC, INDEX_NAME, RECORD_JPEG, RECORD_PLAIN, SHARD_DIR,
                      StoreError, checksum, shard_header, shard_name)
 from .index import build_index
 from .progress import Progress
-from .walk import SourceError, Tree, walk
+from .workers import process_pool
+from .walk import Tree, walk
 
 _HOLE = bytes(CHUNK_SIZE)
 
@@ -123,7 +126,6 @@ _progress_counter: Any = None
 def _init_worker(counter: Any) -> None:
     global _progress_counter
     _progress_counter = counter
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent handles it
 
 
 @contextlib.contextmanager
@@ -195,7 +197,6 @@ def pack_shard(job: ShardJob) -> ShardResult:
     later: list[list[tuple[int, bytes]]] = []  # deferred blobs of layers >= 1, by layer
     fallbacks: list[str] = []
     by_codec: dict[int, list[int]] = {}
-    opts = job.options
     for entry, path in job.files:
         first = len(writer.raw)
         try:
@@ -313,32 +314,96 @@ def _plan_shards(tree: Tree, shard_size: int) -> list[list[int]]:
     return shards
 
 
+PARTIAL_MARKER = ".fanfs-partial"
+"""Written first into a store being built (and into a store being replaced): only a directory holding it,
+left by a pack that is no longer running on this host, is ever removed as stale."""
+
+
+def _is_store(path: str) -> bool:
+    """Is ``path`` recognisably a fanfs store: an index with fanfs's magic and nothing but index and shards?"""
+    try:
+        names = set(os.listdir(path))
+        with open(os.path.join(path, INDEX_NAME), "rb") as f:
+            magic = f.read(len(INDEX_MAGIC))
+    except OSError:
+        return False
+    if magic != INDEX_MAGIC or not names <= {INDEX_NAME, SHARD_DIR, PARTIAL_MARKER}:
+        return False
+    shards = os.path.join(path, SHARD_DIR)
+    return not os.path.exists(shards) or all(n.split(".")[0].isdigit() for n in os.listdir(shards))
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
 def _prepare_destination(store: str, src: str, force: bool) -> str:
-    """Refuse an unusable STORE; return the temp directory to build in (beside STORE)."""
+    """Refuse an unusable STORE; return the temp directory to build in (beside STORE).
+
+    ``--force`` replaces an empty directory or a fanfs store, never anything else: not a tree that
+    holds SRC or lies inside it, not a directory of other files, not a symbolic link.
+    """
     real_src, real_store = os.path.realpath(src), os.path.realpath(store)
-    if real_store == real_src or real_store.startswith(real_src.rstrip("/") + "/"):
+    if _inside(real_store, real_src):
         raise PackError(f"store {store} is inside the source {src}: pick a place outside it")
+    if _inside(real_src, real_store):
+        raise PackError(f"the source {src} is inside {store}: a store there would replace it; pick another place")
+    if os.path.islink(store):
+        raise PackError(f"{store} is a symbolic link: give the real path of the store")
     if os.path.lexists(store):
         if not os.path.isdir(store):
             raise PackError(f"{store} exists and is not a directory")
-        if os.listdir(store) and not force:
-            raise PackError(f"{store} exists and is not empty: use --force to replace it")
+        if os.listdir(store):
+            if not _is_store(store):
+                raise PackError(f"{store} exists and is not a fanfs store: fanfs replaces only a store or an empty "
+                                "directory, even with --force; remove it yourself or pick another place")
+            if not force:
+                raise PackError(f"{store} is a fanfs store already: use --force to replace it")
     parent = os.path.dirname(os.path.abspath(store))
     if not os.path.isdir(parent):
         raise PackError(f"cannot create {store}: {parent} does not exist")
-    for stale in os.listdir(parent):  # partial stores of packs that were killed
-        prefix = os.path.basename(os.path.abspath(store)) + ".partial-"
-        if stale.startswith(prefix) and not _pid_alive(stale[len(prefix):]):
-            shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
-    tmp = os.path.abspath(store) + f".partial-{os.getpid()}"
-    os.makedirs(os.path.join(tmp, SHARD_DIR))
+    _remove_stale(parent, os.path.basename(os.path.abspath(store)))
+    tmp = os.path.abspath(store) + f".partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.mkdir(tmp)
+    _mark(tmp)
+    os.mkdir(os.path.join(tmp, SHARD_DIR))
     return tmp
 
 
-def _pid_alive(text: str) -> bool:
+def _mark(directory: str) -> None:
+    """Claim ``directory`` for this pack: host and pid, so a later pack knows whether it is still running."""
+    with open(os.path.join(directory, PARTIAL_MARKER), "w") as f:
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(), "boot": _boot_id()}, f)
+
+
+def _boot_id() -> str:
     try:
-        os.kill(int(text), 0)
-    except (ValueError, ProcessLookupError):
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _remove_stale(parent: str, name: str) -> None:
+    """Remove partial or replaced stores of STORE that a pack left when it was killed (its marker says so)."""
+    for entry in os.listdir(parent):
+        if not (entry.startswith(name + ".partial-") or entry.startswith(name + ".old-")):
+            continue
+        path = os.path.join(parent, entry)
+        try:
+            with open(os.path.join(path, PARTIAL_MARKER)) as f:
+                owner = json.load(f)
+            host, pid, boot = owner["host"], int(owner["pid"]), owner.get("boot", "")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not something fanfs wrote: never touched
+        if host == socket.gethostname() and (boot != _boot_id() or not _pid_alive(pid)) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
     except PermissionError:
         return True
@@ -347,13 +412,17 @@ def _pid_alive(text: str) -> bool:
 
 def _commit(tmp: str, store: str) -> None:
     """Put the finished store in place with renames (atomic on one file system)."""
+    os.unlink(os.path.join(tmp, PARTIAL_MARKER))
     fd = os.open(tmp, os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
     old = None
     if os.path.lexists(store):
         if os.listdir(store):
-            old = os.path.abspath(store) + f".old-{os.getpid()}"
+            if not _is_store(store):  # it changed since the pack started: leave it alone
+                raise PackError(f"{store} was changed during the pack and is no longer a fanfs store: not replaced")
+            _mark(store)
+            old = os.path.abspath(store) + f".old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             os.rename(store, old)
         else:
             os.rmdir(store)
@@ -404,27 +473,18 @@ def _pack_into(tmp: str, tree: Tree, opts: PackOptions, started: float) -> PackR
 
 
 def _run_jobs(jobs: Sequence[ShardJob], opts: PackOptions, total: int) -> list[ShardResult]:
-    ctx = mp.get_context("fork")
-    counter = ctx.Value("Q", 0)
+    counter = mp.get_context("fork").Value("Q", 0)
     results: list[ShardResult] = []
     with Progress(total, "pack", enabled=opts.progress, unit="B") as bar, _deferred_interrupt() as interrupted, \
-            cf.ProcessPoolExecutor(max_workers=max(1, min(opts.jobs, len(jobs))), mp_context=ctx,
-                                   initializer=_init_worker, initargs=(counter,)) as pool:
+            process_pool(max(1, min(opts.jobs, len(jobs))), _init_worker, (counter,)) as pool:
         pending = {pool.submit(pack_shard, job) for job in jobs}
-        try:
-            while pending:
-                if interrupted():
-                    raise KeyboardInterrupt
-                done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
-                for future in done:
-                    results.append(future.result())
-                bar.update_to(counter.value)
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.terminate()
-            raise
+        while pending:
+            if interrupted():
+                raise KeyboardInterrupt
+            done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                results.append(future.result())
+            bar.update_to(counter.value)
     return sorted(results, key=lambda r: r.shard)
 
 

@@ -64,10 +64,8 @@ Capacity (``--capacity C`` per node, ``--nodes N``, ``--replicas K``)
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import datetime
 import math
-import multiprocessing as mp
 import os
 import random
 import re
@@ -83,6 +81,7 @@ from .codecs import BytePlanes, Codec, Lz4, Raw, Zstd
 from .format import CHUNK_SIZE
 from .plan import Plan
 from .units import human_size
+from .workers import process_pool
 
 MB = 1e6
 LZ4_LEVELS = (0, 3, 9, 12)
@@ -622,7 +621,7 @@ def select(src: str, demand: Demand, fraction: float = 0.02, cap: int = 16 << 20
     names = [c for c in CLASSES if c in by_class]
     args = [(c, by_class[c], cap, seed, raw_est[c] * scale) for c in names]
     if jobs > 1 and len(args) > 1:
-        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=mp.get_context("fork")) as pool:
+        with process_pool(min(jobs, len(args))) as pool:
             classes = list(pool.map(measure_class, *zip(*args)))
     else:
         classes = [measure_class(*a) for a in args]

@@ -6,7 +6,6 @@ import json
 import mmap
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np

@@ -154,22 +154,6 @@ def test_damaged_store_is_refused_at_mount(torture, tmp_path, damage):
         force_unmount(mnt)
 
 
-def test_pack_refuses_existing_store_and_replaces_with_force(torture, tmp_path):
-    src, _ = torture
-    small = tmp_path / "small"
-    small.mkdir()
-    (small / "a").write_text("a")
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "keep").write_text("precious")
-    done = fanfs("pack", small, target, check=False)
-    assert done.returncode == 1 and "--force" in done.stderr
-    assert (target / "keep").read_text() == "precious"
-    fanfs("pack", small, target, "--force", "--quiet")
-    assert not (target / "keep").exists() and (target / "index").exists()
-    assert not list(tmp_path.glob("target.*"))
-
-
 def test_pack_of_unreadable_file_fails_cleanly(torture, tmp_path, mount):
     """A source whose file gives EIO (a fanfs mount with a damaged shard): one line, no store left."""
     src, store = torture

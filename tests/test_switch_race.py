@@ -14,9 +14,7 @@ import multiprocessing as mp
 import os
 import random
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 import xxhash
 from conftest import fanfs

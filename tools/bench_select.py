@@ -15,9 +15,7 @@ store through a real mount (first pass after mounting, 2 reader processes) again
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -1,0 +1,74 @@
+"""Worker processes that never outlive their parent and never see a Ctrl-C meant for it.
+
+Every process pool of fanfs (pack, fidelity measurement, compressor selection) comes from here:
+
+* workers ask the kernel to kill them when the process that forked them dies (``PR_SET_PDEATHSIG``):
+  an OOM kill or a Slurm time limit of the parent leaves nothing running;
+* SIGINT is blocked while workers are forked and ignored in them, so a Ctrl-C reaches only the parent
+  (which stops the pool and reports once), never a worker in the middle of starting up (whose
+  traceback would otherwise be printed).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _start_worker(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+@contextlib.contextmanager
+def process_pool(jobs: int, initializer: Callable[..., None] | None = None,
+                 initargs: tuple = ()) -> Iterator[cf.ProcessPoolExecutor]:
+    """A forked ``ProcessPoolExecutor`` of ``jobs`` workers, all started before this yields.
+
+    Leaving the block on an exception (Ctrl-C included) terminates the workers instead of waiting
+    for their queued work.
+    """
+    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork"), initializer=_start_worker,
+                                  initargs=(os.getpid(), initializer, initargs))
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:  # fork every worker now, SIGINT blocked (fork pools start all at the first submit on 3.11+)
+        for future in [pool.submit(int) for _ in range(jobs)]:
+            future.result()
+    finally:
+        if main:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield pool
+    except BaseException:
+        terminate(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def terminate(pool: cf.ProcessPoolExecutor) -> None:
+    """Stop a pool now: cancel what is queued, kill the workers, reap them."""
+    processes: dict[Any, Any] = dict(getattr(pool, "_processes", None) or {})
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes.values():
+        with contextlib.suppress(Exception):
+            proc.kill()
+    for proc in processes.values():
+        with contextlib.suppress(Exception):
+            proc.join(5)

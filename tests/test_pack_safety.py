@@ -1,0 +1,126 @@
+"""Issue 8.2: no pack, forced or not, ever deletes anything but a fanfs store or its own leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import fanfs
+
+from fanfs.pack import PARTIAL_MARKER
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def outer(tmp_path):
+    outer = tmp_path / "outer"
+    (outer / "dataset" / "cls").mkdir(parents=True)
+    (outer / "dataset" / "cls" / "a.txt").write_text("precious data\n")
+    (outer / "notes.txt").write_text("my notes\n")
+    return outer
+
+
+@pytest.mark.parametrize("store_of", ["parent", "grandparent", "itself"])
+def test_force_never_replaces_a_tree_holding_the_source(outer, store_of):
+    src = outer / "dataset"
+    store = {"parent": outer, "grandparent": outer.parent, "itself": src}[store_of]
+    before = tree(outer)
+    done = fanfs("pack", src, store, "--force", check=False)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "inside" in done.stderr
+    assert tree(outer) == before
+
+
+def test_force_replaces_only_a_store_or_an_empty_directory(outer, tmp_path):
+    src = outer / "dataset"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep").write_text("precious")
+    done = fanfs("pack", src, other, "--force", check=False)
+    assert done.returncode == 1 and "not a fanfs store" in done.stderr
+    assert (other / "keep").read_text() == "precious"
+
+    store = tmp_path / "store"
+    fanfs("pack", src, store, "--quiet")
+    done = fanfs("pack", src, store, check=False)
+    assert done.returncode == 1 and "--force" in done.stderr
+    fanfs("pack", src, store, "--force", "--quiet")  # a store is replaced
+    assert (store / "index").exists()
+    (store / "added-by-user").write_text("x")
+    done = fanfs("pack", src, store, "--force", check=False)  # a store someone put files into is not
+    assert done.returncode == 1 and (store / "added-by-user").exists()
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fanfs("pack", src, empty, "--quiet")
+    link = tmp_path / "link"
+    link.symlink_to(store)
+    done = fanfs("pack", src, link, "--force", check=False)
+    assert done.returncode == 1 and "symbolic link" in done.stderr and (store / "added-by-user").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "link", "other", "outer", "store"]
+
+
+def _write_marker(directory: Path, pid: int, host: str | None = None) -> None:
+    directory.mkdir()
+    from fanfs.pack import _boot_id
+    (directory / PARTIAL_MARKER).write_text(json.dumps({"host": host or socket.gethostname(), "pid": pid,
+                                                        "boot": _boot_id()}))
+
+
+def test_only_marked_leftovers_of_dead_packs_are_removed(outer, tmp_path):
+    src = outer / "dataset"
+    dz = tmp_path / "dz"
+    dz.mkdir()
+    (dz / "data.partial-notes").mkdir()
+    (dz / "data.partial-notes" / "mine.txt").write_text("not fanfs's")
+    (dz / "data.partial-123").write_text("a file, not a directory")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _write_marker(dz / "data.partial-dead", dead.pid)
+    _write_marker(dz / "data.old-dead", dead.pid)
+    _write_marker(dz / "data.partial-live", os.getpid())
+    _write_marker(dz / "data.partial-elsewhere", dead.pid, host="another-node")
+    (dz / "data.partial-nomarker").mkdir()
+    fanfs("pack", src, dz / "data", "--quiet")
+    assert sorted(p.name for p in dz.iterdir()) == [
+        "data", "data.partial-123", "data.partial-elsewhere", "data.partial-live", "data.partial-nomarker",
+        "data.partial-notes"]
+    assert (dz / "data.partial-notes" / "mine.txt").read_text() == "not fanfs's"
+
+
+def _pack_processes(src: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"fanfs pack {src} "], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_killed_pack_leaves_only_a_marked_partial_that_the_next_pack_removes(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(30):
+        (src / f"f{i}").write_bytes(os.urandom(2 << 20))
+    store = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-m", "fanfs", "pack", src, store, "--codec", "zstd:19", "-q"])
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("store.partial-*/shards/*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    workers = _pack_processes(src)
+    assert len(workers) >= 2, workers  # the parent and its workers
+    proc.kill()  # as the OOM killer or a Slurm time limit would
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _pack_processes(src) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pack_processes(src), "pack workers outlived their killed parent"
+    partial = list(tmp_path.glob("store.partial-*"))
+    assert len(partial) == 1 and (partial[0] / PARTIAL_MARKER).exists()
+    fanfs("pack", src, store, "--codec", "lz4", "--quiet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "store"]
