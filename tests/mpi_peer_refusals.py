@@ -6,17 +6,17 @@ import logging
 import os
 import sys
 
-from fanfs.cluster import World, expand, load_index
-from fanfs.placement import place
-from fanfs.stage import stage
-from fanfs.store import LocalShards
+from fanfs.cluster.world import World, expand, load_index
+from fanfs.cluster.placement import place
+from fanfs.cluster.stage import stage
+from fanfs.store.sources import LocalShards
 
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 world = World.detect()
 store, local = sys.argv[1], expand(sys.argv[2])
 index = load_index(store, world)
 stage(store, local, 1, world, index, progress=False)
-from fanfs.peer import REQUEST_TAG, Channels, PeerClient, PeerServer  # noqa: E402  (MPI runs by now)
+from fanfs.cluster.peer import REQUEST_TAG, Channels, PeerClient, PeerServer  # noqa: E402  (MPI runs by now)
 
 store_id = bytes.fromhex(index.meta["store_id"])
 placement = place(index.shard_size, world.size, 1)

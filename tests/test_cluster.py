@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 from conftest import fanfs, force_unmount
 
-from fanfs.control import request
-from fanfs.format import INDEX_NAME, shard_name
-from fanfs.index import Index
-from fanfs.placement import place
+from fanfs.serve.control import request
+from fanfs.store.format import INDEX_NAME, shard_name
+from fanfs.store.index import Index
+from fanfs.cluster.placement import place
 from fanfs.store import Store
 
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -192,9 +192,9 @@ def test_index_from_broadcast_bytes_equals_the_file(dataset):
 def test_single_node_stage_refuses_a_too_small_disk(dataset, tmp_path, monkeypatch):
     import shutil
 
-    from fanfs.cluster import World
-    from fanfs.format import StoreError
-    from fanfs.stage import stage as stage_shards
+    from fanfs.cluster.world import World
+    from fanfs.errors import StoreError
+    from fanfs.cluster.stage import stage as stage_shards
     _, store, _ = dataset
     index = Index(str(store / INDEX_NAME))
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000))
@@ -327,7 +327,7 @@ def test_remote_reads_carry_only_the_layers_the_fidelity_needs(tmp_path):
 def test_auto_fidelity_is_resolved_once_for_the_job(tmp_path):
     from jpeg_samples import build_samples
 
-    from fanfs.fidelity import auto_fidelity
+    from fanfs.tune.fidelity import auto_fidelity
     build_samples(tmp_path / "src")
     store = tmp_path / "store"
     fanfs("pack", tmp_path / "src", store, "--progressive-jpeg", "--quiet")

@@ -14,8 +14,8 @@ from conftest import fanfs
 from jpeg_samples import BROKEN, ORIENTATION, build_samples
 from PIL import Image, ImageFile
 
-from fanfs.format import RECORD_JPEG
-from fanfs.quality import decode
+from fanfs.records.jpeg import JpegRecords
+from fanfs.tune.quality import decode
 from fanfs.store import FULL, Store
 
 assert ImageFile.LOAD_TRUNCATED_IMAGES is False  # a presented JPEG must be complete, not tolerated
@@ -45,7 +45,7 @@ def _stored_bound(store: Store, k: int) -> int:
     total = 0
     for entry in np.flatnonzero(ix.type == 1).tolist():
         first, count = int(ix.first[entry]), int(ix.count[entry])
-        shown = min(k, count) if ix.record[entry] == RECORD_JPEG else count
+        shown = min(k, count) if ix.record[entry] == JpegRecords.kind_id else count
         total += int(ix.blob_stored[first:first + shown].sum())
     return total
 
@@ -53,7 +53,7 @@ def _stored_bound(store: Store, k: int) -> int:
 def test_records_and_fallbacks(jpeg_store):
     src, store, samples = jpeg_store
     s = Store(str(store))
-    records = {os.fsdecode(s.index.path(e)) for e in np.flatnonzero(s.index.record == RECORD_JPEG).tolist()}
+    records = {os.fsdecode(s.index.path(e)) for e in np.flatnonzero(s.index.record == JpegRecords.kind_id).tolist()}
     for name, path in samples.items():
         rel = str(path.relative_to(src))
         assert (rel in records) == (name not in BROKEN), name
@@ -74,7 +74,7 @@ def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
                 data = path.read_bytes()
                 assert len(data) == path.stat().st_size == s.size_at(s.lookup(os.fsencode(rel)), k), (rel, k)
                 entry = s.lookup(os.fsencode(rel))
-                if s.index.record[entry] == RECORD_JPEG:
+                if s.index.record[entry] == JpegRecords.kind_id:
                     with Image.open(path) as im:
                         im.load()  # a valid JPEG at every K: no LOAD_TRUNCATED_IMAGES
                     if k >= int(s.index.layers[entry]):

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from fanfs.jpeg import (EOI, JpegError, ScanScript, looks_like_jpeg, present, presented_size,
-                        split_layers, to_progressive)
+from fanfs.records.jpegfile import EOI, JpegError, looks_like_jpeg, present, presented_size, split_layers
+from fanfs.records.scans import ScanScript
+from fanfs.records.transcode import to_progressive
 
 try:
     from jpeg_samples import ALL_NAMES, BROKEN, ORIENTATION, build_samples

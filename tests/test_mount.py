@@ -17,7 +17,7 @@ import pytest
 from conftest import daemon_pids, fanfs, force_unmount
 from trees import SPARSE_SIZE, make_torture_tree, sha256_file, tree_listing
 
-from fanfs.format import SHARD_DIR, shard_name
+from fanfs.store.format import SHARD_DIR, shard_name
 from fanfs.store import Store
 
 

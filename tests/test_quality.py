@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fanfs.jpeg import present, split_layers, to_progressive
-from fanfs.quality import decode, ms_ssim, ssim
+from fanfs.records.jpegfile import present, split_layers
+from fanfs.records.transcode import to_progressive
+from fanfs.tune.quality import decode, ms_ssim, ssim
 
 try:
     from jpeg_samples import build_samples

@@ -16,10 +16,11 @@ import pytest
 from conftest import fanfs
 from trees import sha256_file
 
-from fanfs.classify import CLASSES, classify, float_width
+from fanfs.build.classify import CLASSES, classify, float_width
 from fanfs.codecs import BytePlanes, CodecError, codec_from_config
-from fanfs.plan import Plan, PlanError
-from fanfs.select import TIE, Demand, SelectError, decide, make_plan, parse_rate, select
+from fanfs.build.plan import Plan, PlanError
+from fanfs.build.select import Demand, SelectError, make_plan, parse_rate, select
+from fanfs.build.select.decide import TIE, decide
 from fanfs.store import Store
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -21,8 +21,8 @@ from conftest import fanfs
 from jpeg_samples import make_photo_set
 from PIL import Image
 
-from fanfs.control import request
-from fanfs.format import RECORD_JPEG
+from fanfs.serve.control import request
+from fanfs.records.jpeg import JpegRecords
 from fanfs.store import FULL, Store
 
 SWITCHES = (1, 3, FULL, 5, 2, FULL)
@@ -69,7 +69,7 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
     valid: dict[str, set[int]] = {}
     for name in names:
         entry = s.lookup(name.encode())
-        assert s.index.record[entry] == RECORD_JPEG
+        assert s.index.record[entry] == JpegRecords.kind_id
         layers = int(s.index.layers[entry])
         valid[name] = {xxhash.xxh3_64_intdigest(s.read(entry, 0, s.size_at(entry, k), k))
                        for k in range(1, layers + 1)}
@@ -82,7 +82,7 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
             switches = 0
             while time.monotonic() < deadline:
                 k = SWITCHES[switches % len(SWITCHES)]
-                answer = request(mnt, {"cmd": "fidelity", "fidelity": k}, timeout=60)
+                answer = request(mnt, {"cmd": "present", "fidelity": k}, timeout=60)
                 assert answer["fidelity"] == k
                 switches += 1
                 time.sleep(0.2)
@@ -93,7 +93,7 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
         assert switches >= 10 and reads >= 1000
         assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"
         # once a switch has returned, every name resolves to the new view
-        request(mnt, {"cmd": "fidelity", "fidelity": 3}, timeout=60)
+        request(mnt, {"cmd": "present", "fidelity": 3}, timeout=60)
         s = Store(str(store))
         for name in names:
             entry = s.lookup(name.encode())

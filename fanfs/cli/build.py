@@ -1,0 +1,113 @@
+"""``fanfs pack`` and ``fanfs select``: making a store, and choosing its codecs first."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from ..util.units import human_rate, human_size
+from .args import positive, positive_size, print_json, size
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from ..build.pack import PackOptions, pack
+    from ..codecs import parse_codec
+    from ..records.jpeg import JpegRecords
+    options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=args.jobs,
+                          force=args.force, progress=not args.quiet)
+    if args.progressive_jpeg or args.scan_script:
+        from ..records.scans import ScanScript
+        options.kinds.append(JpegRecords(ScanScript.load(args.scan_script) if args.scan_script else None))
+    if args.plan:
+        from ..build.plan import Plan
+        options.plan = Plan.load(args.plan)
+    report = pack(args.src, args.store, options, on_warning=lambda text: print(f"fanfs: warning: {text}",
+                                                                                file=sys.stderr))
+    ratio = report.bytes_in / report.bytes_stored if report.bytes_stored else float("nan")
+    print(f"packed {report.files:,} files, {report.dirs:,} dirs, {report.symlinks:,} symlinks: "
+          f"{human_size(report.bytes_in)} -> {human_size(report.bytes_stored)} (ratio {ratio:.2f}) "
+          f"in {report.shards:,} shards, {report.seconds:.1f} s ({human_rate(report.bytes_in / max(report.seconds, 1e-9))})")
+    for kind in options.kinds:
+        kept = [(path, reason) for name, path, reason in report.fallbacks if name == kind.name]
+        print(f"{kind.name}: {report.records.get(kind.name, 0):,} {kind.label}, {len(kept):,} kept as plain files")
+        for path, reason in kept[:20]:
+            print(f"  kept as is: {path}: {reason}")
+        if len(kept) > 20:
+            print(f"  ... and {len(kept) - 20} more")
+    if report.skipped:
+        print(f"skipped {len(report.skipped)} special files (FIFOs, sockets, devices)")
+    return 0
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    from ..build.select import Demand, format_report, make_plan, parse_fraction, parse_rate, plot, select, selection_json
+    demand = Demand(mode=args.mode, rate=parse_rate(args.rate) if args.rate else None,
+                    samples_per_sec=args.samples_per_sec, threads=args.threads, overhead=parse_fraction(args.overhead),
+                    headroom=parse_fraction(args.headroom), capacity=args.capacity, nodes=args.nodes,
+                    replicas=args.replicas)
+    fraction = parse_fraction(args.sample)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--sample must be more than 0% and at most 100%, not {args.sample}")
+    sel = select(args.src, demand, fraction=fraction, cap=args.sample_cap, seed=args.seed, jobs=args.jobs)
+    if args.json:
+        print_json(selection_json(sel))
+    else:
+        print(format_report(sel))
+    notes = sys.stderr if args.json else sys.stdout
+    if args.plot:
+        plot(sel, args.plot)
+        print(f"plot written to {args.plot}", file=notes)
+    if not sel.feasible:
+        for problem in sel.problems:
+            print(f"fanfs: error: {problem}", file=sys.stderr)
+        if args.output:
+            print(f"fanfs: no plan written to {args.output}: the constraints cannot all be met", file=sys.stderr)
+        return 1
+    if args.output:
+        make_plan(sel).save(args.output)
+        print(f"plan written to {args.output}: use it with fanfs pack {args.src} STORE --plan {args.output}", file=notes)
+    return 0
+
+
+def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
+    p = command("pack", cmd_pack, "pack a directory tree into a new store (compressed shards + index)")
+    p.add_argument("src", help="directory to pack")
+    p.add_argument("store", help="store directory to create (must not exist, or be empty; --force replaces a store)")
+    p.add_argument("--codec", default="zstd:3", help="zstd:LEVEL (1-22), lz4, lz4:LEVEL (1-12) or raw (default zstd:3)")
+    p.add_argument("--shard-size", type=positive_size, default="256M", help="source bytes per shard (default 256M)")
+    p.add_argument("--jobs", "-j", type=positive, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    p.add_argument("--force", action="store_true",
+                   help="replace STORE if it is a fanfs store (never anything else: not a tree holding SRC, "
+                        "not a directory of other files)")
+    p.add_argument("--progressive-jpeg", action="store_true",
+                   help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities")
+    p.add_argument("--scan-script", metavar="FILE", help="jpegtran scan script for the progressive records")
+    p.add_argument("--plan", metavar="FILE", help="per-class codecs chosen by fanfs select -o FILE (overrides --codec)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    p = command("select", cmd_select, "measure codecs per kind of file on this node and choose, for a demanded "
+                "read rate, the best ratio that keeps up (writes a plan for pack --plan)")
+    p.add_argument("src", help="directory to sample")
+    p.add_argument("--sample", default="2%", help="fraction of files to sample, e.g. 2%% (at least 32 and ~8 MiB per extension)")
+    p.add_argument("--mode", choices=("sync", "async"), default="async",
+                   help="sync: decode time adds to each read; async: decoding overlaps compute (default async)")
+    demand = p.add_mutually_exclusive_group()
+    demand.add_argument("--rate", help="demanded read rate, e.g. 800MB/s (decimal; MiB/s binary)")
+    demand.add_argument("--samples-per-sec", type=float, help="demanded files per second (x mean file size = rate)")
+    p.add_argument("--threads", type=positive, default=2, help="reader/decoder threads of the job (default 2)")
+    p.add_argument("--overhead", default="5%", help="sync: decode time allowed, as part of the read budget (default 5%%)")
+    p.add_argument("--headroom", default="20%", help="async: decode throughput above the rate (default 20%%)")
+    p.add_argument("--capacity", type=size, help="node-local space per node for the store, e.g. 400G")
+    p.add_argument("--nodes", type=positive, default=1, help="nodes sharing the store (default 1)")
+    p.add_argument("--replicas", type=positive, default=1, help="copies of each shard across nodes (default 1)")
+    p.add_argument("--json", action="store_true", help="the measurements and the choice as JSON")
+    p.add_argument("-o", "--output", metavar="PLAN", help="write the plan (JSON) for fanfs pack --plan")
+    p.add_argument("--plot", metavar="PNG", help="ratio against decode speed per class, feasible region and choice")
+    p.add_argument("--sample-cap", type=size, default="16M", help="bytes read per class (default 16M)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--jobs", "-j", type=positive, default=1,
+                   help="classes measured in parallel (default 1: per-thread speeds on an otherwise idle node)")

@@ -1,0 +1,69 @@
+"""``fanfs info``, ``verify`` and ``demo``: looking at a store, checking it, and the built-in tour."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from ..util.units import human_size
+from .args import positive, print_json
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..store.verify import verify
+    report = verify(args.store, args.against, progress=not args.quiet,
+                    on_problem=lambda text: print(f"fanfs: {text}", file=sys.stderr))
+    what = f"{report.shards:,} shards, {report.files:,} files ({human_size(report.bytes)})"
+    if args.against:
+        what += f", compared with {args.against}"
+    if report.ok:
+        print(f"ok: {what}")
+        return 0
+    print(f"FAILED: {len(report.problems)} problems in {what}")
+    return 1
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ..store import Store
+    from ..store.info import format_info, store_info
+    store = Store(args.store, check_shards=False)
+    info = store_info(store)
+    placement = None
+    if args.nodes:
+        from ..cluster.placement import format_placement, place
+        placement = place(store.index.shard_size, args.nodes, args.replicas)
+        info["placement"] = {"nodes": placement.nodes, "replicas": placement.replicas,
+                             "node_bytes": placement.node_bytes.tolist(),
+                             "node_shards": [int(placement.shards_of(n).size) for n in range(placement.nodes)]}
+    if args.json:
+        print_json(info)
+    else:
+        print(format_info(info))
+        if placement is not None:
+            print(format_placement(placement))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    return run_demo(args.workdir, keep=args.keep)
+
+
+def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
+    p = command("verify", cmd_verify, "re-check every checksum of a store (and with --against, every byte)")
+    p.add_argument("store")
+    p.add_argument("--against", metavar="SRC", help="also compare with the source tree")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    p = command("info", cmd_info, "what a store holds: files, bytes, ratio per codec, shards")
+    p.add_argument("store")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--nodes", type=positive, metavar="N", help="also show how N nodes would hold the shards")
+    p.add_argument("--replicas", type=positive, default=1, help="with --nodes: copies of each shard (default 1)")
+
+    p = command("demo", cmd_demo, "pack, mount and read back a built-in sample dataset, then unmount")
+    p.add_argument("--workdir", help="where to put the sample, store and mount (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")

@@ -1,0 +1,75 @@
+"""The ``fanfs`` command: pack a dataset once, mount it read-only anywhere, feed training from it.
+
+Errors a user can act on are one line (``fanfs: error: ...``) and exit 1; a bad option exits 2, a
+Ctrl-C 130, and a closed pipe (``fanfs info --json | head``) ends the command quietly like any Unix
+tool.  Nothing heavy is imported before the error handling is in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from .. import __version__
+from ..errors import FanfsError
+
+DESCRIPTION = """\
+fanfs packs a dataset tree once into a store (compressed shards + one global index) and mounts it
+read-only through FUSE, so unmodified training code reads plain POSIX files from node-local storage.
+
+typical use:
+  fanfs pack ~/imagenet /scratch/imagenet.fanfs --progressive-jpeg
+  fanfs mount /scratch/imagenet.fanfs /tmp/imagenet --fidelity 5
+  python train.py --data /tmp/imagenet
+  fanfs umount /tmp/imagenet
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import build, inspect, serve
+    parser = argparse.ArgumentParser(prog="fanfs", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"fanfs {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    build.add_commands(command)
+    serve.add_commands(command)
+    inspect.add_commands(command)
+    return parser
+
+
+def one_line(err: BaseException) -> str:
+    """The message of an error, on one line; an OSError as ``file: reason`` rather than ``[Errno N] ...``."""
+    if isinstance(err, OSError) and not isinstance(err, FanfsError) and err.strerror:
+        where = err.filename if err.filename is not None else None
+        text = f"{os.fsdecode(where)}: {err.strerror}" if where is not None else err.strerror
+    else:
+        text = str(err) or type(err).__name__
+    return text.splitlines()[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("fanfs: interrupted; nothing was left half-done", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (``| head``): say nothing, and keep the interpreter's final flush quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except (FanfsError, ValueError, OSError) as err:
+        print(f"fanfs: error: {one_line(err)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

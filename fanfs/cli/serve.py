@@ -1,0 +1,193 @@
+"""``fanfs mount``, ``stage``, ``umount``, ``wait``, ``ctl``, ``stats`` and ``fidelity``: serving a store."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from ..errors import UsageError
+from ..util.units import human_size
+from .args import positive, print_json, size
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _resolve_fidelity(store_path: str, text: str) -> int:
+    """A fidelity option as a layer count; ``auto:X`` is looked up on the store's measured curve."""
+    from ..store import Store
+    from ..tune.fidelity import auto_fidelity, parse_fidelity
+    value = parse_fidelity(text)
+    if isinstance(value, int):
+        return value
+    store = Store(store_path, check_shards=False)
+    k, note = auto_fidelity(store, value)
+    store.close()
+    print(note)
+    return k
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from ..cluster.world import expand
+    from ..records import FULL, Presentation
+    from ..serve.daemon import MountOptions
+    from ..tune.fidelity import parse_fidelity
+    args.store, args.mountpoint = expand(args.store), expand(args.mountpoint)
+    if args.local_dir is None and (args.stage or args.replicas != 1):
+        raise UsageError("--stage and --replicas need --local-dir")
+    value = parse_fidelity(args.fidelity)
+    auto = value if isinstance(value, float) and args.local_dir else None  # a job resolves auto once
+    fidelity = FULL if auto is not None else _resolve_fidelity(args.store, args.fidelity)
+    options = MountOptions(cache_size=args.cache_size, presentation=Presentation(fidelity=fidelity), auto_ssim=auto,
+                           foreground=args.foreground, allow_other="allow_other" in args.o, debug=args.debug,
+                           local_dir=os.path.abspath(expand(args.local_dir)) if args.local_dir else None,
+                           replicas=args.replicas, stage=args.stage, peer_timeout=args.peer_timeout)
+    if options.local_dir is not None:
+        from ..cluster.node import mount_node
+        pid = mount_node(os.path.abspath(args.store), os.path.abspath(args.mountpoint), options)
+    else:
+        from ..serve.daemon import mount
+        pid = mount(args.store, args.mountpoint, options)
+    if not args.foreground:
+        from ..serve.control import log_path
+        print(f"mounted {args.store} at {args.mountpoint} (daemon pid {pid}, log {log_path(args.mountpoint)})")
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from ..cluster.stage import stage
+    from ..cluster.world import World, expand, load_index
+    world = World.detect()
+    try:
+        store = os.path.abspath(expand(args.store))
+        report = stage(store, os.path.abspath(expand(args.local_dir)), args.replicas, world, load_index(store, world),
+                       progress=not args.quiet)
+    finally:
+        world.finalize()
+    if report is not None:
+        if args.json:
+            import dataclasses
+            print_json(dataclasses.asdict(report))
+        else:
+            print(report.format())
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from ..serve.daemon import umount
+    umount(args.mountpoint, lazy=args.lazy)
+    print(f"unmounted {args.mountpoint}")
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    from ..serve.daemon import wait_ready
+    status = wait_ready(args.mountpoint, args.timeout)
+    print(f"{args.mountpoint} serves {status['store']} (pid {status['pid']})")
+    return 0
+
+
+def cmd_ctl(args: argparse.Namespace) -> int:
+    from ..records import FULL
+    from ..serve.control import request
+    status = request(args.mountpoint, {"cmd": "status"})
+    k = _resolve_fidelity(status["store"], args.fidelity)
+    answer = request(args.mountpoint, {"cmd": "present", "fidelity": k}, timeout=600)
+    print(f"{args.mountpoint}: fidelity {'full' if k == FULL else k} for files opened from now on "
+          f"({answer['invalidated']:,} cached names invalidated; files already open keep their bytes)")
+    return 0
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from ..store import Store
+    from ..tune.fidelity import analyse, format_curve, plot_curve
+    store = Store(args.store, check_shards=False)
+    curve = analyse(store, args.sample, args.seed, progress=not args.json)
+    if args.plot:
+        plot_curve(curve, args.min_ssim, args.plot)
+    if args.json:
+        from dataclasses import asdict
+        print_json({**asdict(curve), "min_ssim": args.min_ssim, "recommended": curve.recommend(args.min_ssim)})
+    else:
+        print(format_curve(curve, args.min_ssim))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from ..records import FULL
+    from ..serve.control import request
+    stats = request(args.mountpoint, {"cmd": "stats"})
+    if args.json:
+        print_json(stats)
+        return 0
+    hits, misses = stats["cache_hits"], stats["cache_misses"]
+    fidelity = "full" if stats["fidelity"] == FULL else stats["fidelity"]
+    print(f"mount      {args.mountpoint} -> {stats['store']}  (fidelity {fidelity})")
+    print(f"reads      {stats['reads']:,}   errors {stats['errors']:,}")
+    print(f"presented  {human_size(stats['bytes_presented'])}   read from storage {human_size(stats['bytes_stored_read'])}")
+    print(f"cache      {hits:,} hits / {misses:,} misses ({100 * hits / max(1, hits + misses):.0f}% hits)")
+    print(f"decode     {stats['decode_seconds']:.3f} s")
+    if stats["stored_by_layer"]:
+        print("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"])))
+    if "cluster" in stats:
+        c = stats["cluster"]
+        print(f"node       rank {c['rank']} of {c['nodes']}, {c['local_shards']:,} shards held, {c['replicas']} replicas")
+        print(f"local      {human_size(c['local_bytes'])}   remote {human_size(c['remote_bytes'])} in "
+              f"{c['remote_requests']:,} requests ({c['remote_latency_mean_ms']:.2f} ms mean, "
+              f"{c['remote_latency_max_ms']:.2f} ms max; {c['remote_timeouts']} timeouts, {c['remote_failures']} failed)")
+        print(f"served     {human_size(c['served_bytes'])} in {c['served_requests']:,} requests to peers "
+              f"({c['refused']} refused, {c['failed']} failed)")
+    return 0
+
+
+def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
+    p = command("mount", cmd_mount, "mount a store read-only; returns once the mount serves")
+    p.add_argument("store")
+    p.add_argument("mountpoint")
+    p.add_argument("--cache-size", type=size, default="1G", help="memory for decoded blobs (default 1G)")
+    p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM",
+                   help="present JPEG records as their first K scan groups (a smaller valid JPEG); auto:0.95 "
+                        "picks the smallest K whose mean SSIM reaches 0.95 (see 'fanfs fidelity'); default full")
+    p.add_argument("--foreground", "-f", action="store_true", help="stay attached (for srun/mpiexec, systemd)")
+    p.add_argument("-o", action="append", default=[], metavar="OPTION", help="allow_other: let other users read")
+    p.add_argument("--debug", action="store_true", help="log every FUSE request")
+    p.add_argument("--local-dir", metavar="DIR", help="this node's staged shards (see 'fanfs stage'); under "
+                   "mpiexec/srun, peers serve the shards this node lacks over MPI (needs --foreground)")
+    p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
+    p.add_argument("--stage", action="store_true", help="stage this node's shards into --local-dir first")
+    p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="how long to wait for a peer before asking the next holder (default 5)")
+
+    p = command("stage", cmd_stage, "copy this node's shards of a store to local disk (one rank per node "
+                "under mpiexec/srun; {rank} in paths is the rank); a rerun resumes")
+    p.add_argument("store")
+    p.add_argument("local_dir", metavar="LOCAL_DIR")
+    p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="the report as JSON (per node: bytes copied, seconds)")
+
+    p = command("umount", cmd_umount, "unmount a fanfs mount and wait for its daemon to exit")
+    p.add_argument("mountpoint")
+    p.add_argument("--lazy", "-z", action="store_true", help="detach now even if files are open")
+
+    p = command("wait", cmd_wait, "wait until the mount at MOUNTPOINT serves")
+    p.add_argument("mountpoint")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+
+    p = command("ctl", cmd_ctl, "change a running mount's fidelity (files opened afterwards get it)")
+    p.add_argument("mountpoint")
+    p.add_argument("--fidelity", required=True, metavar="K|full|auto:SSIM")
+
+    p = command("fidelity", cmd_fidelity, "measure bytes and SSIM/MS-SSIM per fidelity K on sampled JPEG records")
+    p.add_argument("store")
+    p.add_argument("--sample", type=positive, default=500, help="images to sample (default 500)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-ssim", type=float, default=0.95, help="quality bar for the recommendation (default 0.95)")
+    p.add_argument("--plot", metavar="PNG", help="write a plot of both curves and the bytes")
+    p.add_argument("--json", action="store_true")
+
+    p = command("stats", cmd_stats, "what a running mount has served")
+    p.add_argument("mountpoint")
+    p.add_argument("--json", action="store_true")

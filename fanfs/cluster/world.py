@@ -1,0 +1,128 @@
+"""The job a node belongs to: its MPI world under mpiexec/srun, or a world of one node without them.
+
+mpi4py is imported only when the environment says several ranks were launched, so a single node
+never needs (or initialises) MPI.  ``{rank}`` in a path is replaced by this node's rank, which lets
+several "nodes" share one host (as the tests do) with one command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ..errors import StoreError
+from ..store.format import INDEX_NAME
+from ..store.index import Index
+
+log = logging.getLogger("fanfs")
+
+# Launchers' variables, most specific first: MPICH/Hydra and Intel MPI (PMI), Open MPI, PMIx, srun steps.
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+def _first_int(names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return default
+
+
+def launched_ranks() -> tuple[int, int]:
+    """(rank, size) the launcher gave this process, from its environment; (0, 1) when run alone.
+
+    ``SLURM_STEP_NUM_TASKS`` (set inside ``srun`` steps only) rather than ``SLURM_NTASKS``, which a
+    batch script's own shell also has.
+    """
+    size = _first_int(_SIZE_VARS, 1)
+    return (_first_int(_RANK_VARS, 0), size) if size > 1 else (0, 1)
+
+
+def expand(path: str, rank: int | None = None) -> str:
+    """``path`` with ``{rank}`` replaced by this node's rank."""
+    return path.replace("{rank}", str(launched_ranks()[0] if rank is None else rank))
+
+
+class World:
+    """The ranks of this job: ``comm`` is an mpi4py communicator, or None for a single node."""
+
+    def __init__(self, comm: Any = None) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank() if comm is not None else 0
+        self.size = comm.Get_size() if comm is not None else 1
+
+    @classmethod
+    def detect(cls) -> "World":
+        """Initialise MPI (THREAD_MULTIPLE: a server thread runs beside the FUSE loop) if launched by it."""
+        rank, size = launched_ranks()
+        if size == 1:
+            return cls()
+        import mpi4py
+        mpi4py.rc.thread_level = "multiple"
+        from mpi4py import MPI
+        world = cls(MPI.COMM_WORLD)
+        if world.rank != rank or world.size != size:
+            raise StoreError(f"the launcher says rank {rank} of {size}, MPI says {world.rank} of {world.size}: "
+                             "use the MPI library fanfs was installed with (srun: --mpi=pmi2)")
+        return world
+
+    @property
+    def threads_ok(self) -> bool:
+        from mpi4py import MPI
+        return self.comm is None or MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+    def dup(self) -> Any:
+        """A private communicator (collective: every rank calls it in the same order)."""
+        return self.comm.Dup()
+
+    def bcast_bytes(self, data: bytearray | None) -> bytearray:
+        """Rank 0's ``data`` on every rank, sent in place as one raw buffer (an index can be 100+ MB)."""
+        if self.comm is None:
+            assert data is not None
+            return data
+        from mpi4py import MPI
+        size = self.comm.bcast(len(data) if self.rank == 0 else None)
+        buf = data if self.rank == 0 else bytearray(size)
+        self.comm.Bcast([buf, MPI.BYTE])
+        return buf
+
+    def allgather(self, value: Any) -> list[Any]:
+        return [value] if self.comm is None else self.comm.allgather(value)
+
+    def agree(self, error: str | None) -> None:
+        """Collective: raise the same StoreError on every rank if any rank failed, so none waits forever."""
+        failed = [(rank, e) for rank, e in enumerate(self.allgather(error)) if e]
+        if failed:
+            if self.size == 1:
+                raise StoreError(failed[0][1])
+            raise StoreError("; ".join(f"rank {rank}: {e}" for rank, e in failed))
+
+    def abort(self, code: int) -> None:
+        """Take the whole job down (a peer that never answers the shutdown)."""
+        if self.comm is not None:
+            self.comm.Abort(code)
+
+    def finalize(self) -> None:
+        if self.comm is not None:
+            from mpi4py import MPI
+            if not MPI.Is_finalized():
+                MPI.Finalize()
+
+
+def load_index(store_root: str, world: World) -> Index:
+    """The store's index, read from the shared file system once per job (rank 0) and broadcast."""
+    path = os.path.join(store_root, INDEX_NAME)
+    data, error = None, None
+    if world.rank == 0:
+        try:
+            with open(path, "rb") as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(data)  # straight into the buffer that is broadcast
+        except OSError as err:
+            error = f"{store_root}: cannot read the index: {err.strerror or err}"
+    world.agree(error)
+    index = Index(path, data=world.bcast_bytes(data))
+    log.debug("index of %s: %d entries", store_root, index.entries)
+    return index

@@ -1,0 +1,19 @@
+"""Codecs: how a blob's bytes are compressed.  Each has an id and a JSON config, so an index names
+exactly how to decode its blobs.
+
+Modelled on numcodecs: ``get_config()`` gives a plain dict that :func:`codec_from_config` turns back into
+the codec.  A blob whose compressed form would not be smaller is stored raw; readers recognise it by
+``stored size == raw size`` and never call the codec, so no per-blob flag is needed.
+
+Adding a codec is one module defining a :class:`Codec` subclass decorated with :func:`register`, and its
+import below.
+"""
+
+from . import lz4, planes, raw, zstd  # noqa: F401  (each registers its codec)
+from .base import Codec, CodecError, codec_from_config, parse_codec, register
+from .lz4 import Lz4
+from .planes import BytePlanes
+from .raw import Raw
+from .zstd import Zstd
+
+__all__ = ["Codec", "CodecError", "codec_from_config", "parse_codec", "register", "Raw", "Zstd", "Lz4", "BytePlanes"]

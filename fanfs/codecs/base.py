@@ -1,0 +1,80 @@
+"""The codec interface and its registry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from ..errors import UsageError
+
+
+class CodecError(UsageError):
+    """A codec spec or config that cannot be honoured."""
+
+
+class Codec:
+    """Compresses independent blobs."""
+
+    codec_id: ClassVar[str]
+
+    def encode(self, data: bytes) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, data: bytes, raw_size: int) -> bytes:
+        raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:
+        return {"id": self.codec_id}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], dictionaries: Mapping[str, bytes]) -> "Codec":
+        return cls()
+
+    @property
+    def spec(self) -> str:
+        """The short command-line form, e.g. ``zstd:19``."""
+        return self.codec_id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Codec) and self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self.get_config().items())))
+
+    def __repr__(self) -> str:
+        return f"<codec {self.spec}>"
+
+
+_REGISTRY: dict[str, type[Codec]] = {}
+
+
+def register(cls: type[Codec]) -> type[Codec]:
+    _REGISTRY[cls.codec_id] = cls
+    return cls
+
+
+def codec_from_config(config: Mapping[str, Any], dictionaries: Mapping[str, bytes] | None = None) -> Codec:
+    """Rebuild a codec from its stored config; an unknown id or a bad parameter is a clear error."""
+    try:
+        cls = _REGISTRY[config["id"]]
+    except (KeyError, TypeError):
+        raise CodecError(f"unknown codec {config!r}; this fanfs knows {', '.join(sorted(_REGISTRY))}") from None
+    try:
+        return cls.from_config(config, dictionaries or {})
+    except (TypeError, ValueError, AttributeError) as err:
+        if isinstance(err, CodecError):
+            raise
+        raise CodecError(f"bad codec config {dict(config)!r}: {err}") from None
+
+
+def parse_codec(spec: str) -> Codec:
+    """``zstd:19`` / ``lz4`` / ``lz4:9`` / ``raw`` -> codec (the ``--codec`` option)."""
+    name, _, level = spec.partition(":")
+    config: dict[str, Any] = {"id": name}
+    if level:
+        try:
+            config["level"] = int(level)
+        except ValueError:
+            raise CodecError(f"bad codec level in {spec!r}: use e.g. zstd:3, lz4:9") from None
+    return codec_from_config(config)
+

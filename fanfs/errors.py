@@ -1,0 +1,32 @@
+"""The errors fanfs reports to a user: each carries one line that says what happened and what to do.
+
+The command line prints ``fanfs: error: <message>`` for any of them and exits 1.  They import nothing,
+so every layer can raise them and the command line can catch them before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class FanfsError(Exception):
+    """Something fanfs cannot do as asked; the message is one line for the user."""
+
+
+class StoreError(FanfsError):
+    """A store that cannot be used as asked (missing, foreign, corrupt, incomplete)."""
+
+
+class NotHeld(StoreError):
+    """A shard source does not hold these bytes by design (another node does): not a fault, not logged."""
+
+
+class DataError(OSError):
+    """No good copy of some bytes could be had: the read fails with EIO (the reason is logged once)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EIO, message)
+
+
+class UsageError(FanfsError, ValueError):
+    """A bad option value or combination (the command line maps it to exit status 1)."""

@@ -1,0 +1,22 @@
+"""Record kinds: how a file is cut into layers at pack time and presented at a view when read.
+
+A store knows its files' bytes only as *blobs* grouped into *layers* (index columns ``first``/``count``:
+the file's blobs, file-major; ``layers``; ``record``: the kind id).  A record kind gives them meaning:
+
+* plain files (:mod:`.plain`): one layer of 1 MiB chunks, presented as the original bytes;
+* progressive JPEG records (:mod:`.jpeg`): one layer per scan, presented as the first K scans + EOI.
+
+The store, the FUSE front, pack, info and verify hold no per-kind branch: they call a kind through this
+interface, looked up by the id stored in the index.  Adding a kind is one module defining a
+:class:`RecordKind` subclass decorated with :func:`register`, and its import at the end of this file.
+
+A *view* is a kind's name for one presentation of a file (JPEG: K layers), :data:`FULL` for the whole
+file; :class:`Presentation` holds a mount's settings from which each kind derives its files' views.
+"""
+
+from . import jpeg, plain  # noqa: F401  (each registers its kind)
+from .base import (FULL, Packed, Presentation, Reader, RecordKind, check_presentation, expand, kind_table, kinds,
+                   read_all, register)
+
+__all__ = ["FULL", "Packed", "Presentation", "Reader", "RecordKind", "check_presentation", "expand", "kind_table",
+           "kinds", "read_all", "register"]

@@ -1,0 +1,196 @@
+"""The record-kind interface, its registry, and what kinds share (presentations, packed layers)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, ClassVar, NamedTuple, Protocol
+
+import numpy as np
+
+FULL = 0xFFFF
+"""The view "everything": the original bytes (or, for a JPEG record, the whole progressive file)."""
+
+
+class Presentation(NamedTuple):
+    """A mount's settings: JPEG records at ``fidelity`` layers (FULL: all)."""
+
+    fidelity: int = FULL
+
+
+class Columns(Protocol):
+    """The index columns a kind reads (:class:`fanfs.store.index.Index` has them, one value per entry or blob)."""
+
+    meta: dict[str, Any]
+    type: np.ndarray
+    record: np.ndarray
+    size: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+    layers: np.ndarray
+    blob_raw: np.ndarray
+    blob_stored: np.ndarray
+
+    def path(self, entry: int) -> bytes: ...
+
+
+class Reader(Protocol):
+    """What a kind reads through (the store): decoded blobs, verified, cached, counted per layer."""
+
+    index: Columns
+    chunk_size: int
+
+    def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True) -> bytes: ...
+
+    def read(self, entry: int, offset: int, size: int, view: int = FULL) -> bytes: ...
+
+
+@dataclass
+class Packed:
+    """A file cut into layers by a kind at pack time.
+
+    ``layers[i]`` yields the raw bytes of layer i's blobs in order (an ``int`` n: a hole of n zero
+    bytes, stored as nothing).  ``size`` is the full presentation's size; its xxh3 is ``checksum``, or,
+    when the layers are produced while reading (large files), ``digest`` once they have been consumed.
+    ``compress``: whether blobs go through the file's codec (JPEG scans are entropy-coded already).
+    """
+
+    layers: list[Iterable[bytes | int]]
+    size: int
+    checksum: int | None = None
+    digest: Any = None
+    compress: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    def final_checksum(self) -> int:
+        return self.checksum if self.checksum is not None else self.digest.intdigest()
+
+
+class RecordKind:
+    """One way of storing and presenting files; stateless apart from pack-time options."""
+
+    kind_id: ClassVar[int]
+    name: ClassVar[str]
+    label: ClassVar[str]  # plural, for reports: "progressive JPEG records"
+    setting: ClassVar[str | None] = None  # the Presentation field this kind's views follow
+
+    def setting_range(self, index: Columns, entries: np.ndarray) -> tuple[int, int]:
+        """The values of ``setting`` that mean something for these files (FULL is always allowed)."""
+        return (FULL, FULL)
+
+    # --- what a mount presents ----------------------------------------------------------------
+
+    def views(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
+        """The view of each of ``entries`` under ``presentation`` (FULL where the file is shown whole)."""
+        return np.full(entries.size, FULL, np.int64)
+
+    def view(self, index: Columns, entry: int, presentation: Presentation) -> int:
+        return FULL
+
+    def size(self, reader: Reader, entry: int, view: int) -> int:
+        """Bytes the file presents at ``view``."""
+        return int(reader.index.size[entry])
+
+    def read(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> bytes:
+        """Bytes ``[offset, offset + size)`` of the file as presented at ``view``."""
+        raise NotImplementedError
+
+    # --- what an index must hold ---------------------------------------------------------------
+
+    def check(self, index: Columns, entries: np.ndarray) -> str | None:
+        """Whether the index columns of ``entries`` (all files of this kind) are consistent; a reason if not."""
+        return None
+
+    def describe(self, index: Columns, entries: np.ndarray) -> dict[str, Any]:
+        """What ``fanfs info`` says about the files of this kind."""
+        return {}
+
+    # --- pack ---------------------------------------------------------------------------------
+
+    def claims(self, head: bytes) -> bool:
+        """Whether a file starting with ``head`` is one for this kind (content sniffing, not names)."""
+        return False
+
+    def pack(self, fd: int, size: int, head: bytes) -> Packed | str:
+        """Cut the open file into layers, or give the reason it cannot be stored this way."""
+        raise NotImplementedError
+
+    def matches_source(self, reader: Reader, entry: int, source: BinaryIO) -> str | None:
+        """``fanfs verify --against``: None if the full presentation stands for the source file, else why not.
+
+        By default the bytes must be the same, compared a few chunks at a time (a sparse 5 GiB file too).
+        """
+        offset, step = 0, 8 * reader.chunk_size
+        while True:
+            block = source.read(step)
+            if block != reader.read(entry, offset, step):
+                return f"bytes differ from the source near offset {offset}"
+            if not block:
+                return None
+            offset += len(block)
+
+    def pack_config(self) -> dict[str, Any] | None:
+        """Pack-time options worth recording in the index (e.g. the scan script), or None."""
+        return None
+
+
+_REGISTRY: dict[int, RecordKind] = {}
+
+
+def register(cls: type[RecordKind]) -> type[RecordKind]:
+    if cls.kind_id in _REGISTRY:
+        raise ValueError(f"record kind id {cls.kind_id} registered twice")
+    _REGISTRY[cls.kind_id] = cls()
+    return cls
+
+
+def kinds() -> dict[int, RecordKind]:
+    """Every registered kind by id (reading instances, default options)."""
+    return dict(_REGISTRY)
+
+
+def kind_table() -> list[RecordKind | None]:
+    """Kinds as a list indexed by id (a hot-path lookup); None where no kind has that id."""
+    table: list[RecordKind | None] = [None] * (max(_REGISTRY) + 1)
+    for kind_id, kind in _REGISTRY.items():
+        table[kind_id] = kind
+    return table
+
+
+def check_presentation(index: Columns, presentation: Presentation) -> Presentation:
+    """``presentation`` if every setting in it is one the store's files can take; UsageError naming the range if not."""
+    from ..errors import UsageError
+    for name, value in presentation._asdict().items():
+        if type(value) is not int:
+            raise UsageError(f"{name} must be a whole number or full, not {value!r}")
+        if value == FULL:
+            continue
+        ranges = [kind.setting_range(index, np.flatnonzero(index.record == kind_id))
+                  for kind_id, kind in _REGISTRY.items() if kind.setting == name]
+        ranges = [r for r in ranges if r != (FULL, FULL)]
+        if not ranges:
+            raise UsageError(f"this store holds no files whose {name} can be chosen: use {name} full")
+        low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        if not low <= value <= high:
+            raise UsageError(f"{name} {value} is out of range: this store's files take {low}..{high} or full")
+    return presentation
+
+
+def read_all(fd: int, size: int) -> bytes:
+    """All of an open file, from its start whatever its offset (a kind that refused it may have read it)."""
+    parts = []
+    offset = 0
+    while chunk := os.pread(fd, max(1 << 16, size + 1 - offset), offset):
+        parts.append(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
+
+
+def expand(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All items of the ranges ``[first[i], first[i] + count[i])`` and, for each, the range ``i`` it is from."""
+    count = np.asarray(count, np.int64)
+    owner = np.repeat(np.arange(count.size), count)
+    offsets = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return np.asarray(first, np.int64)[owner] + offsets, owner
+

@@ -1,0 +1,101 @@
+"""Plain files: the original bytes, in one layer of independently compressed 1 MiB chunks.
+
+A file up to a chunk is one blob (an empty file none); a larger one is cut into chunks, so a read at
+any offset decodes one chunk, and a chunk wholly inside a hole of a sparse file is stored as nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..errors import DataError
+from ..util.checksum import Digest, checksum
+from .base import Columns, Packed, Reader, RecordKind, expand, read_all, register
+
+CHUNK_SIZE = 1 << 20
+
+
+@register
+class PlainFiles(RecordKind):
+    kind_id = 0
+    name = "plain"
+    label = "plain files"
+
+    def read(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> bytes:
+        ix = reader.index
+        first, count = int(ix.first[entry]), int(ix.count[entry])
+        end = min(offset + size, int(ix.size[entry]))
+        if offset >= end:
+            return b""
+        raw = ix.blob_raw
+        if count == 1:
+            whole = offset == 0 and end >= int(raw[first])
+            return reader.blob(entry, first, keep=not whole)[offset:end]
+        chunk = reader.chunk_size
+        parts = []
+        pos = offset
+        for i in range(pos // chunk, count):  # bounded by the file's blobs, whatever the index says
+            if pos >= end:
+                break
+            start = pos - i * chunk
+            whole = start == 0 and end - pos >= int(raw[first + i])
+            piece = reader.blob(entry, first + i, keep=not whole)[start:start + end - pos]
+            if not piece:
+                raise DataError(f"{os.fsdecode(ix.path(entry))}: chunk {i} ends before the file's size")
+            parts.append(piece)
+            pos += len(piece)
+        return b"".join(parts)
+
+    def check(self, index: Columns, entries: np.ndarray) -> str | None:
+        chunk = int(index.meta["chunk_size"])
+        size = index.size[entries]
+        count = index.count[entries].astype(np.int64)
+        if (index.layers[entries] != 1).any():
+            return "a plain file with more than one layer"
+        if (count != -(-size.astype(np.int64) // chunk)).any():
+            return "a plain file whose chunk count does not match its size"
+        if entries.size:
+            blobs, owner = expand(index.first[entries], count)
+            position = blobs - np.repeat(index.first[entries].astype(np.int64), count)
+            last = position == np.repeat(count, count) - 1
+            expected = np.where(last, size[owner].astype(np.int64) - position * chunk, chunk)
+            if (index.blob_raw[blobs] != expected).any():
+                return "a plain file whose chunk sizes do not add up to its size"
+        return None
+
+    def pack(self, fd: int, size: int, head: bytes) -> Packed:
+        if size <= CHUNK_SIZE:
+            data = read_all(fd, size)
+            return Packed([[data] if data else []], len(data), checksum(data))
+        digest = Digest()
+        return Packed([_chunks(fd, size, digest)], size, digest=digest)
+
+
+_HOLE = bytes(CHUNK_SIZE)
+
+
+def _chunks(fd: int, size: int, digest: Digest) -> Iterator[bytes | int]:
+    """The chunks of a large file; an int for a chunk that lies wholly in a hole (stored as nothing)."""
+    pos = 0
+    while pos < size:
+        n = min(CHUNK_SIZE, size - pos)
+        try:
+            data_at = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as err:
+            if err.errno != errno.ENXIO:
+                raise
+            data_at = size
+        if data_at >= pos + n:
+            digest.update(_HOLE[:n])
+            yield n
+        else:
+            data = os.pread(fd, n, pos)
+            if len(data) != n:
+                raise OSError(errno.EIO, "file changed size while being packed")
+            digest.update(data)
+            yield data
+        pos += n

@@ -1,0 +1,162 @@
+"""The control channel of a mount: a Unix socket outside the mount, one JSON request per connection.
+
+It never appears in the mounted tree (an ImageFolder over the mount root sees only the dataset), and
+it works on a read-only mount where xattrs could not be set.  The socket's path is derived from the
+mount point, in the private runtime directory (:mod:`fanfs.util.runtime`); both ends check the other's
+credentials (``SO_PEERCRED``), so neither an impostor daemon nor another user's client is answered.
+Each mount point also has a lock file there, held by its daemon for its lifetime: a second mount of
+the same point is refused instead of stacking on the first.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import FanfsError
+from ..util.runtime import create_private, runtime_dir
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+MAX_MESSAGE = 1 << 16
+
+
+def _stem(mountpoint: str) -> str:
+    return os.path.join(runtime_dir(), hashlib.sha1(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:16])
+
+
+def socket_path(mountpoint: str) -> str:
+    return _stem(mountpoint) + ".sock"
+
+
+def log_path(mountpoint: str) -> str:
+    return _stem(mountpoint) + ".log"
+
+
+class ControlError(FanfsError, OSError):
+    """No fanfs daemon answers for that mount point, or it refused the request."""
+
+
+class MountLock:
+    """The lock a mount point's daemon holds while it serves (``flock`` on a file in the runtime dir)."""
+
+    def __init__(self, mountpoint: str) -> None:
+        self.path = _stem(mountpoint) + ".lock"
+        self.fd = create_private(self.path, append=True)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise FanfsError(f"{mountpoint} is being mounted or served by another fanfs daemon: "
+                             f"'fanfs umount {mountpoint}' first") from None
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+    """Send one request to the daemon of ``mountpoint`` and return its JSON answer."""
+    path = socket_path(mountpoint)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except OSError as err:
+            raise ControlError(f"no fanfs daemon answers for {mountpoint} ({err.strerror})") from None
+        if _peer_uid(sock) != os.getuid():
+            raise ControlError(f"the control socket of {mountpoint} is served by uid {_peer_uid(sock)}, not by you: "
+                               "refusing to talk to it")
+        sock.sendall(json.dumps(message).encode() + b"\n")
+        data = _recv_line(sock)
+    try:
+        answer = json.loads(data or b"{}")
+    except ValueError:
+        raise ControlError(f"the daemon of {mountpoint} sent a malformed answer") from None
+    if not isinstance(answer, dict):
+        raise ControlError(f"the daemon of {mountpoint} sent a malformed answer")
+    if "error" in answer:
+        raise ControlError(str(answer["error"]))
+    return answer
+
+
+def _recv_line(sock: socket.socket) -> bytes:
+    """One newline-terminated JSON message (or what came before the peer closed), at most MAX_MESSAGE bytes."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(MAX_MESSAGE)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_MESSAGE:
+            raise ControlError(f"control message longer than {MAX_MESSAGE} bytes")
+    return data
+
+
+class ControlServer:
+    """Serves ``{"cmd": name, ...}`` requests with the given handlers on a daemon thread.
+
+    A handler raises ValueError (or a FanfsError) for a request it refuses; the client gets its message.
+    """
+
+    def __init__(self, mountpoint: str, handlers: dict[str, Handler]) -> None:
+        self.path = socket_path(mountpoint)
+        self.handlers = handlers
+        if os.path.lexists(self.path):
+            os.unlink(self.path)  # left by a daemon that was killed: this mount point's lock is ours now
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(self.path)
+        os.chmod(self.path, 0o600)
+        self._sock.listen(16)
+        self._thread = threading.Thread(target=self._serve, name="fanfs-control", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(10)
+                    if _peer_uid(conn) != os.getuid():
+                        raise ValueError("not your mount")
+                    message = json.loads(_recv_line(conn))
+                    if not isinstance(message, dict):
+                        raise ValueError("a request is a JSON object")
+                    handler = self.handlers.get(message.get("cmd"))
+                    if handler is None:
+                        raise ValueError(f"unknown command {message.get('cmd')!r}")
+                    answer = handler(message)
+                except (ValueError, FanfsError, OSError) as err:
+                    answer = {"error": str(err)}
+                except Exception as err:  # a bad request must not take the daemon down
+                    answer = {"error": f"{type(err).__name__}: {err}"}
+                try:
+                    conn.sendall(json.dumps(answer).encode() + b"\n")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the serving thread
+        except OSError:
+            pass
+        self._sock.close()

@@ -1,0 +1,271 @@
+"""Mount lifecycle: start the FUSE daemon (in the background once it serves), unmount, wait.
+
+``fanfs mount`` returns only when the kernel mount answers, so ``fanfs mount S M && ls M`` works.
+The daemon reports readiness (or the reason it failed) through a pipe, holds the mount point's lock
+for its lifetime (a second mount of the same point is refused), and logs to a file beside its control
+socket: the previous run's log is kept as ``.log.1``, and a run that ends cleanly without a warning
+removes its log.  Stopping: ``fanfs umount`` (fusermount3 -u), or SIGTERM/SIGINT to the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import FanfsError, StoreError
+from ..records import Presentation, check_presentation
+from ..store import Store
+from ..util.runtime import create_private
+from . import control
+
+log = logging.getLogger("fanfs")
+
+
+@dataclass
+class MountOptions:
+    cache_size: int = 1 << 30
+    presentation: Presentation = field(default_factory=Presentation)
+    auto_ssim: float | None = None  # a job mount's auto:SSIM, resolved once for the job (fanfs.cluster.node)
+    foreground: bool = False
+    allow_other: bool = False
+    debug: bool = False
+    local_dir: str | None = None  # shards staged on node-local disk (fanfs.cluster.node)
+    replicas: int = 1
+    stage: bool = False
+    peer_timeout: float = 5.0
+
+
+def check_mountpoint(mountpoint: str) -> None:
+    if not os.path.isdir(mountpoint):
+        raise StoreError(f"mount point {mountpoint} is not a directory: create it first")
+    if os.path.ismount(mountpoint):
+        raise StoreError(f"{mountpoint} is already a mount point: 'fanfs umount {mountpoint}' first")
+
+
+def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
+    """Open and check the store here (clear errors), then serve it; returns the daemon's pid."""
+    mountpoint = os.path.abspath(mountpoint)
+    if options.foreground:
+        setup_logging(None, options.debug)
+    lock = control.MountLock(mountpoint)
+    try:
+        check_mountpoint(mountpoint)
+        store = Store(os.path.abspath(store_path), cache_size=options.cache_size)
+        check_presentation(store.index, options.presentation)
+        return start(store, mountpoint, options, lock=lock)
+    finally:
+        lock.release()  # the daemon holds its own copy from the fork on
+
+
+def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control.MountLock,
+          on_ready: Callable[[], None] | None = None, extra_stats: Callable[[], dict] | None = None) -> int:
+    """Serve an opened store here (foreground) or in a daemon process once it serves; returns its pid.
+
+    ``lock`` is the mount point's lock, taken by the caller before it checked the mount point.
+    """
+    hooks = {"on_ready": on_ready, "extra_stats": extra_stats}
+    if options.foreground:
+        run_daemon(store, mountpoint, options, ready_fd=None, **hooks)
+        return os.getpid()
+    logfile = control.log_path(mountpoint)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        os.close(read_end)
+        code = 1
+        try:
+            os.setsid()
+            os.chdir("/")
+            _detach(logfile)
+            warnings = setup_logging(logfile, options.debug)
+            run_daemon(store, mountpoint, options, ready_fd=write_end, **hooks)
+            if not warnings.count:
+                os.unlink(logfile)  # a clean run leaves no log behind
+            code = 0
+        except BaseException as err:  # report to the waiting parent, then leave without cleanup handlers
+            _report(write_end, f"error: {err}")
+            log.exception("daemon failed")
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    store.close()
+    message = _await(read_end, timeout=120)
+    if message != "ready":
+        tail = _log_tail(logfile)
+        raise StoreError(f"mount of {store.root} at {mountpoint} failed: {message.removeprefix('error: ')}"
+                         + (f" ({tail})" if tail else ""))
+    return pid
+
+
+def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None, *,
+               on_ready: Callable[[], None] | None = None, extra_stats: Callable[[], dict] | None = None) -> None:
+    """Serve ``store`` at ``mountpoint`` in this process until unmounted.
+
+    ``on_ready`` runs once the mount serves; ``extra_stats`` adds to the "stats" answer (a cluster node's peers).
+    """
+    from .fusefs import FanfsFS, describe, serve
+
+    def ready() -> None:
+        log.info("serving %s at %s (pid %d, %s)", store.root, mountpoint, os.getpid(), describe(fs.presentation))
+        if ready_fd is not None:
+            _report(ready_fd, "ready")
+        if on_ready is not None:
+            on_ready()
+
+    def present(message: dict[str, Any]) -> dict[str, Any]:
+        settings = {k: v for k, v in message.items() if k != "cmd"}
+        unknown = set(settings) - set(Presentation._fields)
+        if unknown or not settings:
+            raise ValueError(f"a presentation sets {', '.join(Presentation._fields)}; got {sorted(settings)}")
+        return fs.set_presentation(fs.presentation._replace(**settings))
+
+    fs = FanfsFS(store, options.presentation, ready)
+    # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
+    server = control.ControlServer(mountpoint, {
+        "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
+                             **fs.presentation._asdict()},
+        "stats": lambda m: {"store": store.root, **fs.presentation._asdict(), **store.stats.as_dict(),
+                            **(extra_stats() if extra_stats else {})},
+        "present": present,
+    })
+    try:
+        ended_by = serve(store, mountpoint, fs, allow_other=options.allow_other, debug=options.debug)
+        if ended_by > 0:
+            log.info("stopped by signal %d (%s)", ended_by, signal.Signals(ended_by).name)
+    finally:
+        server.close()
+        store.close()
+        log.info("unmounted %s", mountpoint)
+
+
+def _report(fd: int, message: str) -> None:
+    try:
+        os.write(fd, message.encode()[:4000])
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _await(fd: int, timeout: float) -> str:
+    """The daemon's first message; if it dies silently, say so."""
+    import select
+    deadline = time.monotonic() + timeout
+    chunks = []
+    with os.fdopen(fd, "rb") as pipe:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([pipe], [], [], 0.5)
+            if ready:
+                data = os.read(pipe.fileno(), 4096)
+                if not data:
+                    break
+                chunks.append(data)
+                if b"".join(chunks) == b"ready":
+                    return "ready"
+        else:
+            return f"the daemon did not report within {timeout:.0f} s"
+    text = b"".join(chunks).decode(errors="replace")
+    return text or "the daemon exited before mounting"
+
+
+def _detach(logfile: str) -> None:
+    """Stdin from /dev/null; stdout and stderr to a fresh log (the previous one kept as .1)."""
+    if os.path.lexists(logfile):
+        os.replace(logfile, logfile + ".1")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    out = create_private(logfile)
+    os.dup2(devnull, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(devnull)
+    os.close(out)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+class _WarningCount(logging.Handler):
+    """Counts log records of WARNING and above (a run without any removes its log)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+def setup_logging(logfile: str | None, debug: bool) -> _WarningCount:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s fanfs[{os.getpid()}] %(levelname)s %(message)s"))
+    warnings = _WarningCount()
+    root = logging.getLogger()
+    root.handlers[:] = [handler, warnings]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    return warnings
+
+
+def _log_tail(logfile: str) -> str:
+    try:
+        with open(logfile, errors="replace") as f:
+            lines = [line.strip() for line in f.readlines()[-3:] if line.strip()]
+    except OSError:
+        return ""
+    return f"log {logfile}: " + " | ".join(lines) if lines else ""
+
+
+def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> None:
+    """Unmount and wait until the daemon has gone."""
+    mountpoint = os.path.abspath(mountpoint)
+    if not os.path.ismount(mountpoint):
+        raise StoreError(f"nothing is mounted at {mountpoint}")
+    try:
+        pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
+    except (control.ControlError, KeyError, TimeoutError):
+        pid = None
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    cmd = [tool, "-u", *(["-z"] if lazy else []), mountpoint] if tool else ["umount", mountpoint]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cmd[0]} failed"
+        if "busy" in reason.lower():
+            reason += "; close the files open under it, or use --lazy"
+        raise StoreError(f"cannot unmount {mountpoint}: {reason}")
+    if pid is not None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def wait_ready(mountpoint: str, timeout: float) -> dict:
+    """Block until the daemon of ``mountpoint`` serves (``fanfs wait``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if os.path.ismount(mountpoint):
+                return control.request(mountpoint, {"cmd": "status"}, timeout=5)
+        except control.ControlError:
+            pass
+        if time.monotonic() > deadline:
+            raise FanfsError(f"{mountpoint} did not become ready within {timeout:.0f} s")
+        time.sleep(0.1)

@@ -1,0 +1,218 @@
+"""The FUSE front: a thin layer over :class:`fanfs.store.Store` on libfuse's low-level API.
+
+**Inodes are immutable.**  An inode number names an entry *and the view it is presented at*
+(``ino = view << 32 | entry + 1``; view 0 is the full file, else the record kind's view, e.g. a JPEG
+record's first K layers).
+The size and bytes behind an inode never change, so the kernel may cache attributes, directory
+entries and pages for a day, and a reader's ``open``/``fstat``/``read``/``mmap`` always agree: they all
+go through one inode.  A fidelity switch changes only which inode a *name* resolves to: new lookups
+get the new view; the kernel's cached names of records are invalidated afterwards (from the control
+thread, never the loop's), so a switch reaches every name within moments, while files already open
+keep their bytes.  Nothing is torn, however slow the invalidation: there is no window to race in.
+
+``open`` answers ENOSYS (the kernel then keeps page caches and sends no open/release), so reads carry
+no per-open state.  The loop is single-threaded (multithreaded Python daemons fight over the GIL).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..records import FULL, Presentation, check_presentation, kinds
+from ..store import Store
+from ..store.format import DIR, FILE
+from . import lowlevel as ll
+
+log = logging.getLogger("fanfs")
+
+CACHE_SECONDS = 86400.0
+VIEW_SHIFT = 32
+ENTRY_MASK = (1 << VIEW_SHIFT) - 1
+SETTLE_SECONDS = 0.2
+"""After a switch, names whose lookup was in flight are invalidated again once this long has passed."""
+
+
+class FanfsFS:
+    """Answers the kernel's requests from a store; ``presentation`` chooses the views of layered records."""
+
+    def __init__(self, store: Store, presentation: Presentation, on_ready: Callable[[], None]) -> None:
+        self.store = store
+        self.presentation = check_presentation(store.index, presentation)
+        self.session: ll.Session | None = None
+        self._on_ready = on_ready
+        ix = store.index
+        self._ix = ix
+        self._type, self._mode, self._mtime, self._size = ix.type, ix.mode, ix.mtime, ix.size
+        self._viewed = [(kind, np.flatnonzero((ix.record == kind_id) & (ix.type == FILE)))
+                        for kind_id, kind in kinds().items() if kind.setting]
+        self._layered = np.zeros(ix.entries, bool)  # files whose view follows the presentation
+        for _, entries in self._viewed:
+            self._layered[entries] = True
+        self._entries = ix.entries
+        # view + 1 that the kernel was last told for a record's name (0: never looked up or invalidated)
+        self._named = np.zeros(self._entries, np.uint16)
+        self._switch_lock = threading.Lock()  # one switch at a time
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._entry = ll.EntryParam(attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
+        self._negative = ll.EntryParam(ino=0, attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
+        self._attr = ll.Stat()
+        self._dirent = ll.Stat()
+        totals = store.meta["totals"]
+        self._statfs = ll.StatVfs(f_bsize=4096, f_frsize=4096, f_blocks=-(-totals["bytes_presented"] // 4096),
+                                  f_files=totals["entries"], f_namemax=255)
+
+    # --- inodes and views ---------------------------------------------------------------------
+
+    def view(self, entry: int) -> int:
+        """The view bits of an entry's inode now: 0 (full) or its kind's view under the presentation."""
+        if self._layered[entry]:
+            view = self.store.view(entry, self.presentation)
+            if view != FULL:
+                return view
+        return 0
+
+    def _decode(self, ino: int) -> tuple[int, int]:
+        entry = (ino & ENTRY_MASK) - 1
+        view = ino >> VIEW_SHIFT
+        if not 0 <= entry < self._entries or (view and not self._layered[entry]) or view >= FULL:
+            raise OSError(errno.ESTALE, "unknown inode")
+        return entry, view
+
+    def _fill(self, st: ll.Stat, entry: int, view: int) -> None:
+        """Attributes of ``entry`` at ``view`` into ``st`` (owner: whoever mounted; the store is read-only)."""
+        kind = int(self._type[entry])
+        size = self.store.size_at(entry, view) if view else int(self._size[entry])
+        mtime = int(self._mtime[entry])
+        st.st_ino = view << VIEW_SHIFT | (entry + 1)
+        st.st_mode = int(self._mode[entry])
+        st.st_nlink = 2 if kind == DIR else 1
+        st.st_uid, st.st_gid = self._uid, self._gid
+        st.st_size = size
+        st.st_blocks = (size + 511) // 512
+        st.st_blksize = 1 << 17
+        st.st_mtim.tv_sec, st.st_mtim.tv_nsec = divmod(mtime, 1_000_000_000)
+        st.st_atim = st.st_ctim = st.st_mtim
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def ready(self, session: ll.Session) -> None:
+        self.session = session
+        self._on_ready()
+
+    def lookup(self, req: int, parent: int, name: bytes) -> None:
+        parent_entry, _ = self._decode(parent)
+        base = self._ix.path(parent_entry)
+        entry = self._ix.lookup(base + b"/" + name if base else name)
+        if entry < 0:
+            ll.reply_entry(req, self._negative)  # cached: the store never changes
+            return
+        view = self.view(entry)
+        if self._layered[entry]:
+            self._named[entry] = view + 1
+        param = self._entry
+        self._fill(param.attr, entry, view)
+        param.ino = param.attr.st_ino
+        ll.reply_entry(req, param)
+
+    def getattr(self, req: int, ino: int) -> None:
+        entry, view = self._decode(ino)
+        self._fill(self._attr, entry, view)
+        ll.reply_attr(req, self._attr, CACHE_SECONDS)
+
+    def readlink(self, req: int, ino: int) -> None:
+        entry, _ = self._decode(ino)
+        ll.reply_readlink(req, self.store.readlink(entry))
+
+    def read(self, req: int, ino: int, size: int, offset: int) -> None:
+        entry, view = self._decode(ino)
+        data = self.store.read(entry, offset, size, view or FULL)
+        ll.reply_buf(req, data, len(data))
+
+    def readdir(self, req: int, ino: int, size: int, offset: int) -> None:
+        entry, _ = self._decode(ino)
+        children = self.store.listdir(entry)  # raises ENOTDIR for a file
+        buf = ll.ctypes.create_string_buffer(size)
+        used = 0
+        st = self._dirent
+        rows = [(b".", entry), (b"..", int(self._ix.parent[entry]))]
+        rows += [(name, child - 1) for name, child, _ in children]
+        for position in range(offset, len(rows)):
+            name, child = rows[position]
+            st.st_ino = self.view(child) << VIEW_SHIFT | (child + 1)
+            st.st_mode = int(self._mode[child])
+            n = ll.add_direntry(req, buf, used, name, st, position + 1)
+            if used + n > size:
+                break
+            used += n
+        ll.reply_buf(req, buf.raw[:used], used)
+
+    def statfs(self, req: int, ino: int) -> None:
+        ll.reply_statfs(req, self._statfs)
+
+    # --- switching views ------------------------------------------------------------------------
+
+    def set_presentation(self, presentation: Presentation) -> dict[str, int]:
+        """Present records under ``presentation`` to every lookup from now on; drop the kernel's stale names.
+
+        Returns how many names were invalidated.  Reads of files already open are unaffected.
+        """
+        check_presentation(self._ix, presentation)
+        with self._switch_lock:
+            self.presentation = presentation
+            invalidated = self._invalidate_stale()
+            time.sleep(SETTLE_SECONDS)  # lookups answered just before the switch are in flight: catch them too
+            invalidated += self._invalidate_stale()
+        log.info("presenting %s: %d cached names invalidated", describe(presentation), invalidated)
+        return {**presentation._asdict(), "invalidated": invalidated}
+
+    def _invalidate_stale(self) -> int:
+        named = self._named
+        current = np.zeros(self._entries, np.uint16)
+        for kind, entries in self._viewed:
+            views = kind.views(self._ix, entries, self.presentation)
+            current[entries] = np.where(views == FULL, 0, views) + 1
+        stale = np.flatnonzero((named != 0) & (named != current))
+        named[stale] = 0  # before the invalidation: a lookup racing with it records itself again
+        session = self.session
+        done = 0
+        delay = INVALIDATE_DELAY
+        for entry in stale.tolist():
+            if session is None:
+                break
+            path = self._ix.path(entry)
+            parent = int(self._ix.parent[entry]) + 1
+            if session.invalidate_entry(parent, path.rpartition(b"/")[2]) in (0, -errno.ENOENT):
+                done += 1
+            if delay:
+                time.sleep(delay)
+        return done
+
+
+def describe(presentation: Presentation) -> str:
+    """``fidelity 5`` / ``fidelity full``: a presentation for logs and messages."""
+    return ", ".join(f"{name} {'full' if value == FULL else value}" for name, value in presentation._asdict().items())
+
+
+INVALIDATE_DELAY = float(os.environ.get("FANFS_DEBUG_INVALIDATE_DELAY", "0") or 0)
+"""Fault injection for tests: seconds to pause between two invalidations of a switch (a slow kernel)."""
+
+
+def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False) -> int:
+    """Mount and serve until unmounted or signalled; returns 0 or the signal that ended the loop."""
+    fsname = "fanfs:" + os.path.abspath(store.root).replace("\\", "\\\\").replace(",", "\\,")
+    options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs", "auto_unmount"]
+    if allow_other:
+        options.append("allow_other")
+    session = ll.Session(fs, mountpoint, options, debug=debug)
+    try:
+        return session.loop()
+    finally:
+        session.close()
+

@@ -1,0 +1,196 @@
+"""On-disk format of a store: constants, the shard header, and the index file container.
+
+A store is one directory::
+
+    STORE/index             global metadata: JSON header + numpy columns, checksummed as a whole
+    STORE/shards/000000     blobs, layer-major, behind a small header naming the store
+
+The index container is ``MAGIC, version, JSON length, JSON, columns (64-byte aligned), xxh3-64 of all
+that``.  Columns are read with ``numpy.frombuffer`` on an mmap, so opening an index of millions of
+entries costs one checksum pass and no Python object per entry.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO
+
+import numpy as np
+import xxhash
+
+from ..errors import StoreError
+from ..util.checksum import checksum  # noqa: F401  (re-exported: the store's checksum)
+from ..util.files import open_regular
+
+FORMAT_VERSION = 1
+INDEX_MAGIC = b"FANFSIDX"
+SHARD_MAGIC = b"FANFSSHD"
+INDEX_NAME = "index"
+SHARD_DIR = "shards"
+SHARD_HEADER = struct.Struct("<8sII16s32x")  # magic, format version, shard number, store id
+
+_INDEX_HEAD = struct.Struct("<8sIIQ")  # magic, version, reserved, JSON length
+_ALIGN = 64
+
+# Entry types.  (How a file's blobs present it is its record kind: fanfs.records.)
+DIR, FILE, SYMLINK = 0, 1, 2
+
+
+_BLOCK = 1 << 20
+
+
+def read_blocks(f: BinaryIO) -> Iterator[memoryview]:
+    """A file's bytes as views of one reused buffer, small enough to stay in cache while hashed and copied."""
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
+    while n := f.readinto(buf):
+        yield view[:n]
+
+
+def digest_file(f: BinaryIO, on_block: Callable[[int], None] | None = None) -> tuple[int, int]:
+    """(size, checksum) of the rest of an open file; ``on_block(n)`` after each block (progress)."""
+    digest = xxhash.xxh3_64()
+    size = 0
+    for block in read_blocks(f):
+        digest.update(block)
+        size += len(block)
+        if on_block:
+            on_block(len(block))
+    return size, digest.intdigest()
+
+
+def shard_name(shard: int) -> str:
+    return f"{shard:06d}"
+
+
+def shard_header(shard: int, store_id: bytes) -> bytes:
+    return SHARD_HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, shard, store_id)
+
+
+def check_shard_header(head: bytes, shard: int, store_id: bytes, where: str) -> None:
+    if len(head) < SHARD_HEADER.size:
+        raise StoreError(f"{where}: shard is truncated")
+    magic, version, number, sid = SHARD_HEADER.unpack_from(head)
+    if magic != SHARD_MAGIC or version != FORMAT_VERSION:
+        raise StoreError(f"{where}: not a fanfs shard of format version {FORMAT_VERSION}")
+    if number != shard or sid != store_id:
+        raise StoreError(f"{where}: shard belongs to another store or position (shard {number})")
+
+
+def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.ndarray]) -> int:
+    """Write the index container durably (temp name, fsync, rename); returns its size."""
+    layout: dict[str, list[Any]] = {}
+    offset = 0
+    for name, column in columns.items():
+        offset = -(-offset // _ALIGN) * _ALIGN
+        layout[name] = [column.dtype.str, offset, int(column.size)]
+        offset += column.nbytes
+    head_json = json.dumps({**meta, "columns": layout}, sort_keys=True).encode()
+    head = _INDEX_HEAD.pack(INDEX_MAGIC, FORMAT_VERSION, 0, len(head_json)) + head_json
+    base = -(-len(head) // _ALIGN) * _ALIGN
+    digest = xxhash.xxh3_64()
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as out:
+        def put(data: bytes | memoryview) -> None:
+            out.write(data)
+            digest.update(data)
+
+        put(head.ljust(base, b"\0"))
+        pos = 0
+        for name, column in columns.items():
+            start = layout[name][1]
+            put(b"\0" * (start - pos))
+            put(memoryview(np.ascontiguousarray(column)).cast("B"))
+            pos = start + column.nbytes
+        out.write(struct.pack("<Q", digest.intdigest()))
+        out.flush()
+        os.fsync(out.fileno())
+        size = out.tell()
+    os.replace(tmp, path)
+    return size
+
+
+def read_index(path: str, data: bytes | bytearray | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray], int]:
+    """Map an index, verify its checksum and version, and return (meta, read-only columns, its size).
+
+    The checksum is computed with buffered reads rather than through the map so that verifying a
+    large index does not leave it all resident in this process.  ``data``: the index file's bytes
+    already in memory (broadcast to the nodes of a job): the columns are views of it, no copy.
+    """
+    if data is not None:
+        view = memoryview(data)
+        json_len = _check_index(path, len(data), lambda length, offset: view[offset:offset + length])
+        return _parse_index(data, json_len)
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise StoreError(f"{os.path.dirname(path) or '.'}: no index: not a fanfs store, or its pack did not finish "
+                         "(run 'fanfs pack' again)") from None
+    except OSError as err:
+        raise StoreError(f"{path}: cannot open the index: {err.strerror}") from None
+    try:
+        size = os.fstat(fd).st_size
+        json_len = _check_index(path, size, lambda length, offset: os.pread(fd, length, offset))
+        mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    return _parse_index(mapped, json_len)
+
+
+def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memoryview]) -> int:
+    """Verify an index's head and checksum through ``pread(length, offset)``; returns its JSON length."""
+    if size < _INDEX_HEAD.size + 8:
+        raise StoreError(f"{path}: index is truncated ({size} bytes)")
+    magic, version, _, json_len = _INDEX_HEAD.unpack(pread(_INDEX_HEAD.size, 0))
+    if magic != INDEX_MAGIC:
+        raise StoreError(f"{path}: not a fanfs index")
+    if version != FORMAT_VERSION:
+        raise StoreError(f"{path}: store format version {version}, this fanfs reads version {FORMAT_VERSION}; "
+                         "repack the source with this fanfs")
+    digest = xxhash.xxh3_64()
+    pos, end = 0, size - 8
+    while pos < end:
+        block = pread(min(8 << 20, end - pos), pos)
+        if not block:
+            break
+        digest.update(block)
+        pos += len(block)
+    (expected,) = struct.unpack("<Q", pread(8, end))
+    if pos != end or digest.intdigest() != expected:
+        raise StoreError(f"{path}: index checksum mismatch: the index is corrupt or truncated; "
+                         "copy the store again or repack")
+    return json_len
+
+
+_COLUMN_DTYPES = frozenset({"|u1", "<u2", "<u4", "<u8", "<i8"})
+"""The only column types an index may declare (a crafted one could otherwise ask numpy for objects)."""
+
+
+def _parse_index(buffer: mmap.mmap | bytes | bytearray,
+                 json_len: int) -> tuple[dict[str, Any], dict[str, np.ndarray], int]:
+    """The JSON header and column views of a checksummed index; any malformed layout is one StoreError."""
+    start = _INDEX_HEAD.size
+    try:
+        meta = json.loads(bytes(buffer[start:start + json_len]))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise StoreError(f"index header is not valid JSON ({err}): the store is corrupt; repack it") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("columns"), dict):
+        raise StoreError("index header has no column table: the store is corrupt; repack it")
+    base = -(-(start + json_len) // _ALIGN) * _ALIGN
+    end = len(buffer) - 8
+    columns = {}
+    for name, layout in meta.pop("columns").items():
+        if not (isinstance(layout, list) and len(layout) == 3 and layout[0] in _COLUMN_DTYPES
+                and all(type(v) is int and v >= 0 for v in layout[1:])):
+            raise StoreError(f"index column {name!r} has a bad layout {layout!r}: the store is corrupt; repack it")
+        dtype, offset, count = np.dtype(layout[0]), layout[1], layout[2]
+        if base + offset + count * dtype.itemsize > end:
+            raise StoreError(f"index column {name!r} lies outside the index: the store is corrupt; repack it")
+        column = np.frombuffer(buffer, dtype=dtype, count=count, offset=base + offset)
+        column.flags.writeable = False  # a broadcast buffer is a bytearray; the index is read-only all the same
+        columns[name] = column
+    return meta, columns, len(buffer)

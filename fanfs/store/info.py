@@ -1,0 +1,100 @@
+"""``fanfs info``: what a store holds and how well it compressed, as text or JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..codecs import codec_from_config
+from ..records import kinds
+from ..util.units import human_size
+from .format import FILE
+from .reader import Store
+
+
+def store_info(store: Store) -> dict[str, Any]:
+    meta = store.meta
+    totals = dict(meta["totals"])
+    sizes = store.index.shard_size
+    codecs = []
+    for ix, stats in meta["codec_stats"].items():
+        codec = codec_from_config(meta["codecs"][int(ix)], store.index.dictionaries)
+        codecs.append({"codec": codec.spec, "files": stats["files"], "raw": stats["raw"], "stored": stats["stored"],
+                       "ratio": round(stats["raw"] / stats["stored"], 3) if stats["stored"] else None})
+    return {
+        "store": store.root, "store_id": meta["store_id"], "format": meta["format"], "created": meta["created"],
+        "source": meta["source"], **totals,
+        "ratio": round(totals["bytes_in"] / totals["bytes_stored"], 3) if totals["bytes_stored"] else None,
+        "codecs": codecs,
+        "shard_bytes": {"min": int(sizes.min()) if sizes.size else 0, "max": int(sizes.max()) if sizes.size else 0,
+                        "total": int(sizes.sum())},
+        "index_bytes": store.index.nbytes,
+        "records": _records(store),
+        "classes": _plan_classes(store),
+    }
+
+
+def _records(store: Store) -> dict[str, dict[str, Any]]:
+    """Per record kind other than plain: how many files, what its kind says of them, how many fell back."""
+    ix = store.index
+    recorded = store.meta.get("records") or {}
+    out = {}
+    for kind_id, kind in sorted(kinds().items()):
+        entries = np.flatnonzero((ix.record == kind_id) & (ix.type == FILE))
+        packed = recorded.get(kind.name) or {}
+        fallbacks = packed.get("fallbacks", store.meta["totals"].get(f"{kind.name}_fallbacks", 0))  # format 1 totals
+        if kind_id and (entries.size or fallbacks):
+            out[kind.name] = {"label": kind.label, "files": int(entries.size), "fallbacks": int(fallbacks),
+                              **kind.describe(ix, entries)}
+    return out
+
+
+def _plan_classes(store: Store) -> list[dict[str, Any]]:
+    """Packed with ``--plan``: per content class the codec it got and the ratio it reached (fanfs.plan)."""
+    plan = store.meta.get("plan")
+    if not plan:
+        return []
+    out = []
+    for name, entry in sorted(plan["classes"].items(), key=lambda item: item[1]["codec_index"]):
+        ix = entry["codec_index"]
+        stats = store.meta["codec_stats"].get(str(ix), {"files": 0, "raw": 0, "stored": 0})
+        codec = codec_from_config(store.meta["codecs"][ix], store.index.dictionaries)
+        out.append({"class": name, "codec": codec.spec, "files": stats["files"], "raw": stats["raw"],
+                    "stored": stats["stored"], "measured": entry.get("measured", True),
+                    "ratio": round(stats["raw"] / stats["stored"], 3) if stats["stored"] else None,
+                    "predicted_ratio": entry.get("predicted_ratio")})
+    return out
+
+
+def format_info(info: dict[str, Any]) -> str:
+    lines = [
+        f"store      {info['store']}  (id {info['store_id'][:12]}, format {info['format']}, created {info['created']})",
+        f"source     {info['source']}",
+        f"entries    {info['files']:,} files, {info['dirs']:,} dirs, {info['symlinks']:,} symlinks",
+        f"bytes      {human_size(info['bytes_in'])} in source -> {human_size(info['bytes_stored'])} stored"
+        + (f"  (ratio {info['ratio']:.2f})" if info["ratio"] else ""),
+        f"shards     {info['shards']:,} ({human_size(info['shard_bytes']['total'])}; "
+        f"{human_size(info['shard_bytes']['min'])} .. {human_size(info['shard_bytes']['max'])} each), "
+        f"index {human_size(info['index_bytes'])}",
+    ]
+    for name, r in info["records"].items():
+        layers = ", ".join(f"{k}: {v}" for k, v in r.get("layers", {}).items())
+        lines.append(f"{name:<10} {r['files']:,} {r['label']}" + (f" (layers: {layers})" if layers else "")
+                     + f", {r['fallbacks']:,} kept as plain files")
+    width = max([len("codec"), *(len(c["codec"]) for c in info["codecs"])])
+    lines.append(f"{'codec':<{width}}   files        raw     stored   ratio")
+    for c in info["codecs"]:
+        ratio = f"{c['ratio']:.2f}" if c["ratio"] else "-"
+        lines.append(f"{c['codec']:<{width}} {c['files']:>7,} {human_size(c['raw']):>10} "
+                     f"{human_size(c['stored']):>10} {ratio:>7}")
+    if info.get("classes"):
+        lines.append("class (plan)  codec                  files        raw     stored   ratio  predicted")
+        for c in info["classes"]:
+            if not c["files"]:
+                continue
+            ratio = f"{c['ratio']:.2f}" if c["ratio"] else "-"
+            predicted = f"{c['predicted_ratio']:.2f}" if c["predicted_ratio"] else "(default)"
+            lines.append(f"{c['class']:<13} {c['codec']:<20} {c['files']:>7,} {human_size(c['raw']):>10} "
+                         f"{human_size(c['stored']):>10} {ratio:>7}  {predicted:>9}")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Shard sources: somewhere a store's shard bytes can be read from.
+
+The store asks its sources in order (the local shard directory first; in a job, the peers that hold a
+shard, then the shared store) and checks every copy against the index, so a source only has to
+return bytes or raise: ``NotHeld`` when it does not hold them by design (another node does), OSError
+or StoreError when it should have and failed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ..errors import NotHeld, StoreError
+from ..util.files import open_regular
+from .format import SHARD_HEADER, check_shard_header, shard_name
+
+__all__ = ["NotHeld", "ShardSource", "LocalShards"]
+
+
+class ShardSource:
+    """Somewhere shard bytes can be read from."""
+
+    name = "source"
+
+    def read(self, shard: int, offset: int, length: int) -> bytes:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class LocalShards(ShardSource):
+    """Shard files in a directory (``STORE/shards`` or a node-local staging directory).
+
+    A shard file is opened once (as a regular file: never a FIFO or device planted in its place),
+    its header checked against the store, and kept open.
+    """
+
+    def __init__(self, directory: str, store_id: bytes) -> None:
+        self.directory = directory
+        self.name = directory
+        self._store_id = store_id
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def path(self, shard: int) -> str:
+        return os.path.join(self.directory, shard_name(shard))
+
+    def _fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(shard)
+                if fd is None:
+                    fd = open_regular(self.path(shard))
+                    try:
+                        check_shard_header(os.pread(fd, SHARD_HEADER.size, 0), shard, self._store_id, self.path(shard))
+                    except StoreError:
+                        os.close(fd)
+                        raise
+                    self._fds[shard] = fd
+        return fd
+
+    def read(self, shard: int, offset: int, length: int) -> bytes:
+        return os.pread(self._fd(shard), length, offset)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+

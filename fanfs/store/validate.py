@@ -1,0 +1,218 @@
+"""Validate a whole index once, at open: every number a reader will trust is checked here.
+
+A checksum only proves an index is the one that was written; a crafted one can carry a valid checksum.
+So before anything is served: the header's keys and types; the tree (root, parents before children,
+each directory's children one contiguous range, modes matching types); every path (no NUL, a child's
+path is its parent's plus ``/`` and one name of 1-255 bytes that is not ``.`` or ``..``); the lookup
+tables; every file's blob range, codec, shard and record kind (each kind checks its own layers); every
+blob's bytes inside its shard; symlink targets.  A store that fails is refused with one line naming
+the first fault.  All checks are numpy passes over the columns (no Python loop per entry).
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError
+from ..records import expand, kinds
+from .format import DIR, FILE, FORMAT_VERSION, SHARD_HEADER, SYMLINK
+
+_TOTALS = ("entries", "files", "dirs", "symlinks", "bytes_in", "bytes_presented", "bytes_stored", "shards")
+_MAX_INT = 1 << 62
+_PREFIX_BATCH = 1 << 22  # path bytes compared per numpy pass (bounds the memory of the prefix check)
+
+
+def _fail(what: str) -> StoreError:
+    return StoreError(f"index: {what}: the store is corrupt or was crafted; repack it from its source")
+
+
+def validate(index: Any) -> None:
+    """Raise StoreError (one line) unless every part of ``index`` is consistent.
+
+    ``index`` is a :class:`fanfs.store.index.Index` whose schema (columns, types, lengths) was checked.
+    """
+    _check_meta(index.meta, index)
+    _check_paths(index)
+    _check_tree(index)
+    _check_files(index)
+    _check_symlinks(index)
+
+
+def _is_int(value: Any, low: int = 0, high: int = _MAX_INT) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _check_meta(meta: dict[str, Any], index: Any) -> None:
+    if meta.get("format") != FORMAT_VERSION:
+        raise _fail(f"format {meta.get('format')!r} in the header, not {FORMAT_VERSION}")
+    store_id = meta.get("store_id")
+    if not (isinstance(store_id, str) and re.fullmatch(r"[0-9a-f]{32}", store_id)):
+        raise _fail("no valid store id")
+    chunk = meta.get("chunk_size")
+    if not (_is_int(chunk, 4096, 1 << 26) and chunk & (chunk - 1) == 0):
+        raise _fail(f"chunk size {chunk!r} is not a power of two between 4 KiB and 64 MiB")
+    codecs = meta.get("codecs")
+    if not (isinstance(codecs, list) and codecs and all(isinstance(c, dict) for c in codecs) and len(codecs) <= 256):
+        raise _fail("no codec table")
+    totals = meta.get("totals")
+    if not (isinstance(totals, dict) and all(_is_int(totals.get(k)) for k in _TOTALS)):
+        raise _fail("totals missing or not counts")
+    if totals["entries"] != index.entries or totals["shards"] != index.shard_size.size:
+        raise _fail("totals do not match the columns")
+    stats = meta.get("codec_stats", {})
+    if not (isinstance(stats, dict) and all(isinstance(v, dict) and all(_is_int(v.get(k)) for k in ("files", "raw", "stored"))
+                                            and _is_int(int(k) if k.isdigit() else -1, 0, len(codecs) - 1)
+                                            for k, v in stats.items())):
+        raise _fail("codec statistics malformed")
+    for key in ("created", "source", "fanfs"):
+        if not isinstance(meta.get(key, ""), str):
+            raise _fail(f"{key!r} is not text")
+    for key in ("plan", "records"):
+        if not isinstance(meta.get(key) or {}, dict):
+            raise _fail(f"{key!r} is malformed")
+
+
+def _check_paths(index: Any) -> None:
+    paths, offsets, n = index.paths, index.path_offset, index.entries
+    if offsets[0] != 0 or offsets[-1] != paths.size or (np.diff(offsets.astype(np.int64)) < 0).any():
+        raise _fail("path offsets out of order")
+    if (paths == 0).any():
+        raise _fail("a path holds a NUL byte")
+    lengths = np.diff(offsets.astype(np.int64))
+    if lengths[0] != 0:
+        raise _fail("the root has a name")
+    parent = index.parent.astype(np.int64)
+    if n == 1:
+        return
+    child = np.arange(1, n)
+    par = parent[1:]
+    if (par >= child).any():  # checked again, with its reason, by _check_tree; needed here for indexing
+        raise _fail("an entry comes before its parent")
+    base = np.where(par == 0, 0, lengths[par] + 1)  # bytes of "parent/" (nothing under the root)
+    name = lengths[1:] - base
+    if ((name < 1) | (name > 255)).any():
+        raise _fail("a name is empty or longer than 255 bytes")
+    slash = paths == ord("/")
+    slashes = np.add.reduceat(slash.astype(np.int64), offsets[:-1].astype(np.int64)) if paths.size else np.zeros(n)
+    slashes[lengths == 0] = 0  # reduceat gives the next byte for an empty range
+    expected = np.where(par == 0, 0, slashes[par] + 1)
+    if (slashes[1:] != expected).any():
+        raise _fail("a name holds a '/'")
+    start = offsets[1:-1].astype(np.int64)  # where the paths of entries 1..n-1 begin
+    inner = par != 0
+    if (paths[(start + base - 1)[inner]] != ord("/")).any():
+        raise _fail("a path does not continue its parent's with '/'")
+    name_at = start + base
+    short = np.flatnonzero(name <= 2)
+    dots = (paths[name_at[short]] == ord(".")) & ((name[short] == 1) | (paths[np.minimum(name_at[short] + 1, paths.size - 1)] == ord(".")))
+    if dots.any():
+        raise _fail("a name is '.' or '..'")
+    _check_prefixes(paths, start[inner], offsets[par[inner]].astype(np.int64), lengths[par[inner]])
+    hashes, order = index.hash_sorted, index.hash_entry
+    if (hashes[1:] < hashes[:-1]).any():
+        raise _fail("the path hash table is not sorted")
+    if (order >= n).any() or (np.bincount(order, minlength=n) != 1).any():
+        raise _fail("the path hash table does not name every entry once")
+
+
+def _check_prefixes(paths: np.ndarray, child_start: np.ndarray, parent_start: np.ndarray, length: np.ndarray) -> None:
+    """Each child path starts with its parent's path (compared in batches of bounded size)."""
+    done = 0
+    while done < length.size:
+        cumulative = np.cumsum(length[done:])
+        stop = done + max(1, int(np.searchsorted(cumulative, _PREFIX_BATCH)))
+        lens = length[done:stop]
+        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        if (paths[np.repeat(child_start[done:stop], lens) + within]
+                != paths[np.repeat(parent_start[done:stop], lens) + within]).any():
+            raise _fail("a path does not start with its parent's path")
+        done = stop
+
+
+def _check_tree(index: Any) -> None:
+    n = index.entries
+    kind, mode = index.type, index.mode
+    if (kind > SYMLINK).any():
+        raise _fail("an entry of unknown type")
+    fmt = mode & stat.S_IFMT(0o170000)
+    expected = np.array([stat.S_IFDIR, stat.S_IFREG, stat.S_IFLNK], np.uint32)[np.minimum(kind, SYMLINK)]
+    if (fmt != expected).any():
+        raise _fail("an entry's mode does not match its type")
+    if kind[0] != DIR or index.parent[0] != 0:
+        raise _fail("the root is not a directory")
+    parent = index.parent.astype(np.int64)
+    if n > 1 and ((parent[1:] >= np.arange(1, n)) | (kind[parent[1:]] != DIR)).any():
+        raise _fail("an entry's parent is not a directory listed before it")
+    dirs = np.flatnonzero((kind == DIR) & (index.count > 0))
+    first, count = index.first[dirs].astype(np.int64), index.count[dirs].astype(np.int64)
+    order = np.argsort(first, kind="stable")
+    first, count = first[order], count[order]
+    if n > 1 and (first.size == 0 or first[0] != 1 or (first[1:] != first[:-1] + count[:-1]).any()
+                  or first[-1] + count[-1] != n):
+        raise _fail("directories' children are not contiguous ranges covering every entry once")
+    if n > 1:
+        p = parent[1:]
+        lo, cnt = index.first[p].astype(np.int64), index.count[p].astype(np.int64)
+        e = np.arange(1, n)
+        if ((e < lo) | (e >= lo + cnt)).any():
+            raise _fail("an entry lies outside its parent's children")
+
+
+def _check_files(index: Any) -> None:
+    files = np.flatnonzero(index.type == FILE)
+    others = np.flatnonzero(index.type != FILE)
+    if (index.record[others] != 0).any():
+        raise _fail("a directory or symlink with a record kind")
+    known = kinds()
+    record = index.record[files]
+    unknown = np.setdiff1d(np.unique(record), np.array(sorted(known), np.uint8))
+    if unknown.size:
+        raise _fail(f"record kind {int(unknown[0])}, unknown to this fanfs (a newer one wrote it)")
+    if (index.codec[files] >= len(index.meta["codecs"])).any():
+        raise _fail("a file names a codec the store lacks")
+    first, count = index.first[files].astype(np.int64), index.count[files].astype(np.int64)
+    blobs = index.blob_offset.size
+    if ((first + count > blobs) | (first > blobs)).any():
+        raise _fail("a file's blobs lie outside the blob table")
+    held = count > 0
+    if (index.shard[files][held] >= index.shard_size.size).any():
+        raise _fail("a file names a shard the store lacks")
+    order = np.argsort(first[held], kind="stable")
+    f, c = first[held][order], count[held][order]
+    if (f[1:] < f[:-1] + c[:-1]).any():
+        raise _fail("two files share blobs")
+    sizes = index.shard_size.astype(np.int64)
+    if ((sizes < SHARD_HEADER.size) | (sizes > _MAX_INT)).any():
+        raise _fail("a shard size is impossible")
+    owned, owner = expand(f, c)
+    owner_shard = index.shard[files][held][order].astype(np.int64)[owner]
+    offset, stored, raw = (index.blob_offset[owned].astype(np.uint64), index.blob_stored[owned].astype(np.int64),
+                           index.blob_raw[owned].astype(np.int64))
+    if (stored > raw).any():
+        raise _fail("a blob is stored larger than it decodes")
+    present = stored > 0
+    end = offset[present] + stored[present].astype(np.uint64)  # uint64: an offset near 2**64 cannot wrap negative
+    if ((offset[present] < SHARD_HEADER.size) | (offset[present] > _MAX_INT)
+            | (end > sizes[owner_shard[present]].astype(np.uint64))).any():
+        raise _fail("a blob lies outside its shard")
+    for kind_id, kind in known.items():
+        mine = files[record == kind_id]
+        if mine.size:
+            problem = kind.check(index, mine)
+            if problem:
+                raise _fail(problem)
+
+
+def _check_symlinks(index: Any) -> None:
+    links = np.flatnonzero(index.type == SYMLINK)
+    first, count = index.first[links].astype(np.int64), index.count[links].astype(np.int64)
+    if ((count < 1) | (count > 4095) | (first + count > index.targets.size)).any():
+        raise _fail("a symlink target lies outside the target table")
+    if (index.size[links] != count.astype(np.uint64)).any():
+        raise _fail("a symlink's size is not its target's length")
+    if (index.targets == 0).any():
+        raise _fail("a symlink target holds a NUL byte")

@@ -1,0 +1,141 @@
+"""``fanfs verify``: re-check every checksum of a store, and optionally every byte against its source."""
+
+from __future__ import annotations
+
+import os
+import stat as statmod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import FanfsError
+from ..records import FULL
+from ..util.checksum import Digest
+from ..util.files import open_regular
+from ..util.progress import Progress
+from .format import DIR, FILE, SHARD_DIR, SHARD_HEADER, check_shard_header, digest_file, shard_name
+from .reader import Store
+from .walk import walk
+
+
+@dataclass
+class VerifyReport:
+    shards: int = 0
+    files: int = 0
+    bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify(store_path: str, against: str | None = None, progress: bool = True,
+           on_problem: Callable[[str], None] | None = None) -> VerifyReport:
+    """Check shard checksums, every file's content checksum, and with ``against`` the source tree."""
+    store = Store(store_path, check_shards=False)
+    report = VerifyReport()
+
+    def problem(text: str) -> None:
+        report.problems.append(text)
+        if on_problem:
+            on_problem(text)
+
+    _verify_shards(store, report, problem, progress)
+    _verify_files(store, report, problem, progress)
+    if against is not None:
+        _verify_against(store, against, report, problem, progress)
+    store.close()
+    return report
+
+
+def _verify_shards(store: Store, report: VerifyReport, problem: Callable[[str], None], progress: bool) -> None:
+    ix = store.index
+    directory = os.path.join(store.root, SHARD_DIR)
+    with Progress(int(ix.shard_size.sum()), "shards", enabled=progress, unit="B") as bar:
+        done = 0
+
+        def advance(n: int) -> None:
+            nonlocal done
+            done += n
+            bar.update_to(done)
+
+        for shard in range(ix.shard_size.size):
+            path = os.path.join(directory, shard_name(shard))
+            report.shards += 1
+            try:
+                with open(open_regular(path), "rb", buffering=0) as f:
+                    check_shard_header(f.read(SHARD_HEADER.size), shard, store.id, path)
+                    f.seek(0)
+                    size, digest = digest_file(f, advance)
+            except (OSError, FanfsError) as err:
+                problem(f"shard {shard_name(shard)}: {err}")
+                continue
+            if size != int(ix.shard_size[shard]) or digest != int(ix.shard_checksum[shard]):
+                problem(f"shard {shard_name(shard)}: checksum mismatch (size {size}, index {int(ix.shard_size[shard])})")
+
+
+def _file_digest(store: Store, entry: int, fidelity: int = FULL) -> int:
+    digest = Digest()
+    size = store.size_at(entry, fidelity)
+    step = 8 * store.chunk_size
+    for offset in range(0, size, step):
+        digest.update(store.read(entry, offset, step, fidelity))
+    return digest.intdigest()
+
+
+def _verify_files(store: Store, report: VerifyReport, problem: Callable[[str], None], progress: bool) -> None:
+    ix = store.index
+    files = np.flatnonzero(ix.type == FILE).tolist()
+    with Progress(len(files), "files", enabled=progress) as bar:
+        for n, entry in enumerate(files, 1):
+            name = os.fsdecode(ix.path(entry))
+            try:
+                if _file_digest(store, entry) != int(ix.checksum[entry]):
+                    problem(f"{name}: content checksum mismatch")
+            except OSError as err:
+                problem(f"{name}: {err.strerror or err}")
+            report.files += 1
+            report.bytes += int(ix.size[entry])
+            bar.update_to(n)
+
+
+def _verify_against(store: Store, src: str, report: VerifyReport, problem: Callable[[str], None],
+                    progress: bool) -> None:
+    """Same paths, types, modes, mtimes, link targets and bytes (pixels for JPEG records) as ``src``."""
+    tree = walk(src)
+    ix = store.index
+    seen = set()
+    with Progress(len(tree.paths), "source", enabled=progress) as bar:
+        for n, path in enumerate(tree.paths):
+            bar.update_to(n)
+            name = os.fsdecode(path) or "/"
+            entry = ix.lookup(path)
+            if entry < 0:
+                problem(f"{name}: in the source, missing from the store")
+                continue
+            seen.add(entry)
+            if int(ix.type[entry]) != tree.type[n] or int(ix.mode[entry]) != tree.mode[n]:
+                problem(f"{name}: type or mode differs ({oct(int(ix.mode[entry]))} vs {oct(tree.mode[n])})")
+                continue
+            if int(ix.mtime[entry]) != tree.mtime[n] and tree.type[n] != DIR:
+                problem(f"{name}: mtime differs")
+            if statmod.S_ISLNK(tree.mode[n]):
+                if store.readlink(entry) != tree.targets[n]:
+                    problem(f"{name}: link target differs")
+            elif tree.type[n] == FILE:
+                _compare_content(store, entry, tree.abspath(n), name, problem)
+    for entry in set(range(ix.entries)) - seen:
+        problem(f"{os.fsdecode(ix.path(entry))}: in the store, not in the source")
+
+
+def _compare_content(store: Store, entry: int, path: bytes, name: str, problem: Callable[[str], None]) -> None:
+    try:
+        fd = open_regular(path, follow=False)
+        with open(fd, "rb") as f:
+            reason = store.kind(entry).matches_source(store, entry, f)
+    except (OSError, FanfsError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+    if reason:
+        problem(f"{name}: {reason}")

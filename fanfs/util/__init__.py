@@ -1,0 +1,1 @@
+"""Small utilities every layer uses: sizes, progress, worker processes, safe file opening."""

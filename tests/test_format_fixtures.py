@@ -1,0 +1,74 @@
+"""Issue 9: stores written by earlier fanfs versions mount and read byte-exactly, forever.
+
+``tests/fixtures/format1`` was written by fanfs 0.1.0 (format 1, commit 7027fd2): plain files, an empty
+file, a three-chunk file, a sparse file, two JPEG records, a symlink and an empty directory, in four
+shards.  Its manifest holds every entry's type, mode, mtime, size and sha256 (at every fidelity for
+the records).  A format change must keep this passing (a reader for the old format) or refuse the
+store with one clear line; it must never read it differently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fanfs
+
+from fanfs.records.jpeg import decode_pixels
+from fanfs.store import Store
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module", params=["format1"])
+def fixture(request):
+    base = FIXTURES / request.param
+    return base / "store", json.loads((base / "manifest.json").read_text()), base / "originals"
+
+
+def test_fixture_reads_in_process(fixture):
+    store_path, manifest, originals = fixture
+    s = Store(str(store_path))
+    assert s.meta["store_id"] == manifest["store_id"]
+    for path, want in manifest["entries"].items():
+        entry = s.lookup(path.encode())
+        assert (int(s.index.type[entry]), int(s.index.mode[entry]), int(s.index.mtime[entry])) == \
+            (want["type"], want["mode"], want["mtime_ns"]), path
+        if "sha256" in want:
+            assert hashlib.sha256(s.read_file(path)).hexdigest() == want["sha256"], path
+            for k, digest in want.get("sha256_at", {}).items():
+                assert hashlib.sha256(s.read_file(path, int(k))).hexdigest() == digest, (path, k)
+        if "target" in want:
+            assert s.readlink(entry).decode() == want["target"]
+    for original in originals.iterdir():
+        assert np.array_equal(decode_pixels(s.read_file(f"photos/{original.name}")), decode_pixels(original.read_bytes()))
+    s.close()
+
+
+def test_fixture_verifies_and_mounts(fixture, mount):
+    store_path, manifest, _ = fixture
+    assert fanfs("verify", store_path, "--quiet").stdout.startswith("ok:")
+    assert "2 progressive records" in fanfs("info", store_path).stdout
+    entries = manifest["entries"]
+    with mount(store_path) as mnt:
+        for path, want in entries.items():
+            full = mnt / path if path else mnt
+            st = os.lstat(full)
+            assert (stat.S_IMODE(st.st_mode), st.st_mtime_ns) == (stat.S_IMODE(want["mode"]), want["mtime_ns"]), path
+            if want["type"] == 1:
+                data = full.read_bytes()
+                assert len(data) == want["size"] == st.st_size and hashlib.sha256(data).hexdigest() == want["sha256"], path
+            if "target" in want:
+                assert os.readlink(full) == want["target"]
+        assert os.listdir(mnt / "empty") == []
+        records = {p: w for p, w in entries.items() if "sha256_at" in w}
+        for k in range(1, max(w["layers"] for w in records.values())):
+            fanfs("ctl", mnt, "--fidelity", str(k))
+            for path, want in records.items():
+                expected = want["sha256_at"].get(str(k), want["sha256"])
+                assert hashlib.sha256((mnt / path).read_bytes()).hexdigest() == expected, (path, k)
