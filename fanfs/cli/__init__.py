@@ -1,1 +1,25 @@
-"""The ``fanfs`` command (kept light: a Ctrl-C while it starts must land inside its error handling)."""
+"""The ``fanfs`` command.  This package init is all that runs before the entry point below."""
+
+import os
+import signal
+import sys
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    os.write(2, b"fanfs: interrupted\n")
+    os._exit(130)
+
+
+def entry() -> None:
+    """The ``fanfs`` executable.
+
+    A Ctrl-C while the command's modules are still being imported exits quietly (130); ``main`` then
+    handles it (and every error) itself.  Once the command is over, a Ctrl-C could only cut the
+    interpreter's own shutdown short (CPython restores the default SIGINT action for it), turning a
+    finished command's status into "killed": so it is ignored from then on.
+    """
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    from .main import main
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)

@@ -7,13 +7,16 @@ tool.  Nothing heavy is imported before the error handling is in place.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..errors import FanfsError
+
+if TYPE_CHECKING:
+    import argparse
 
 DESCRIPTION = """\
 fanfs packs a dataset tree once into a store (compressed shards + one global index) and mounts it
@@ -27,14 +30,16 @@ typical use:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> "argparse.ArgumentParser":
+    import argparse
+
     from . import build, inspect, serve
     parser = argparse.ArgumentParser(prog="fanfs", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"fanfs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def command(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+    def command(name: str, func: Callable[["argparse.Namespace"], int], help_text: str) -> "argparse.ArgumentParser":
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=func)
         return p
@@ -56,10 +61,16 @@ def one_line(err: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on a Ctrl-C is a KeyboardInterrupt
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then handled below
+        return code
     except KeyboardInterrupt:
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean exit short
         print("fanfs: interrupted; nothing was left half-done", file=sys.stderr)
         return 130
     except BrokenPipeError:
@@ -70,6 +81,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fanfs: error: {one_line(err)}", file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,6 +8,7 @@ bar for the whole job (the other ranks send it their progress) and prints the pe
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -168,7 +169,7 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     todo: list[int] = []
     error = None
     try:
-        os.makedirs(local_dir, exist_ok=True)
+        make_local_dir(local_dir)
         for shard in placement.shards_of(world.rank).tolist():
             report.shards += 1
             if intact(os.path.join(local_dir, shard_name(shard)), int(sizes[shard]), int(checksums[shard])):
@@ -206,6 +207,18 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     reports: list[NodeReport] = world.allgather(report)
     world.agree("; ".join(report.problems) or None)
     return StageReport(reports, placement.replicas, time.monotonic() - started) if world.rank == 0 else None
+
+
+def make_local_dir(path: str) -> None:
+    """Create the node-local directory itself, never its missing parents (a typo must not build a tree)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise OSError(errno.ENOTDIR, f"{path} exists and is not a directory") from None
+    except FileNotFoundError:
+        raise OSError(errno.ENOENT, f"{os.path.dirname(path)} does not exist: create it, or pick another "
+                      "local directory") from None
 
 
 def _size_or_zero(path: str) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..codecs import Codec, CodecError, codec_from_config
-from ..errors import DataError, NotHeld, StoreError
+from ..errors import DataError, FanfsError, NotHeld, StoreError
 from ..records import FULL, Presentation, RecordKind, kind_table
 from ..util.files import open_regular
 from .cache import BlobCache
@@ -160,7 +160,7 @@ class Store:
                 data = source.read(shard, offset, length)
             except NotHeld:
                 continue
-            except (OSError, StoreError) as err:
+            except (OSError, FanfsError) as err:  # e.g. a shard gone, cut short, or replaced by a FIFO
                 problems.append(f"{source.name}: {err}")
                 continue
             if len(data) == length and checksum(data) == expected:

@@ -26,6 +26,13 @@ _MAX_INT = 1 << 62
 _PREFIX_BATCH = 1 << 22  # path bytes compared per numpy pass (bounds the memory of the prefix check)
 
 
+def _ints(column: np.ndarray, what: str, limit: int = _MAX_INT) -> np.ndarray:
+    """``column`` as int64, refused if any value exceeds ``limit`` (a uint64 above 2**63 would wrap negative)."""
+    if column.size and int(column.max()) > limit:
+        raise _fail(what)
+    return column.astype(np.int64)
+
+
 def _fail(what: str) -> StoreError:
     return StoreError(f"index: {what}: the store is corrupt or was crafted; repack it from its source")
 
@@ -77,12 +84,13 @@ def _check_meta(meta: dict[str, Any], index: Any) -> None:
 
 
 def _check_paths(index: Any) -> None:
-    paths, offsets, n = index.paths, index.path_offset, index.entries
-    if offsets[0] != 0 or offsets[-1] != paths.size or (np.diff(offsets.astype(np.int64)) < 0).any():
+    paths, n = index.paths, index.entries
+    offsets = _ints(index.path_offset, "path offsets out of range", paths.size)
+    if offsets[0] != 0 or offsets[-1] != paths.size or (np.diff(offsets) < 0).any():
         raise _fail("path offsets out of order")
     if (paths == 0).any():
         raise _fail("a path holds a NUL byte")
-    lengths = np.diff(offsets.astype(np.int64))
+    lengths = np.diff(offsets)
     if lengths[0] != 0:
         raise _fail("the root has a name")
     parent = index.parent.astype(np.int64)
@@ -97,12 +105,13 @@ def _check_paths(index: Any) -> None:
     if ((name < 1) | (name > 255)).any():
         raise _fail("a name is empty or longer than 255 bytes")
     slash = paths == ord("/")
-    slashes = np.add.reduceat(slash.astype(np.int64), offsets[:-1].astype(np.int64)) if paths.size else np.zeros(n)
+    slashes = np.add.reduceat(slash.astype(np.int64), np.minimum(offsets[:-1], max(paths.size - 1, 0))) \
+        if paths.size else np.zeros(n, np.int64)
     slashes[lengths == 0] = 0  # reduceat gives the next byte for an empty range
     expected = np.where(par == 0, 0, slashes[par] + 1)
     if (slashes[1:] != expected).any():
         raise _fail("a name holds a '/'")
-    start = offsets[1:-1].astype(np.int64)  # where the paths of entries 1..n-1 begin
+    start = offsets[1:-1]  # where the paths of entries 1..n-1 begin
     inner = par != 0
     if (paths[(start + base - 1)[inner]] != ord("/")).any():
         raise _fail("a path does not continue its parent's with '/'")
@@ -111,7 +120,7 @@ def _check_paths(index: Any) -> None:
     dots = (paths[name_at[short]] == ord(".")) & ((name[short] == 1) | (paths[np.minimum(name_at[short] + 1, paths.size - 1)] == ord(".")))
     if dots.any():
         raise _fail("a name is '.' or '..'")
-    _check_prefixes(paths, start[inner], offsets[par[inner]].astype(np.int64), lengths[par[inner]])
+    _check_prefixes(paths, start[inner], offsets[par[inner]], lengths[par[inner]])
     hashes, order = index.hash_sorted, index.hash_entry
     if (hashes[1:] < hashes[:-1]).any():
         raise _fail("the path hash table is not sorted")
@@ -148,7 +157,8 @@ def _check_tree(index: Any) -> None:
     if n > 1 and ((parent[1:] >= np.arange(1, n)) | (kind[parent[1:]] != DIR)).any():
         raise _fail("an entry's parent is not a directory listed before it")
     dirs = np.flatnonzero((kind == DIR) & (index.count > 0))
-    first, count = index.first[dirs].astype(np.int64), index.count[dirs].astype(np.int64)
+    first = _ints(index.first[dirs], "a directory's children lie outside the entries", n)
+    count = index.count[dirs].astype(np.int64)
     order = np.argsort(first, kind="stable")
     first, count = first[order], count[order]
     if n > 1 and (first.size == 0 or first[0] != 1 or (first[1:] != first[:-1] + count[:-1]).any()
@@ -156,7 +166,7 @@ def _check_tree(index: Any) -> None:
         raise _fail("directories' children are not contiguous ranges covering every entry once")
     if n > 1:
         p = parent[1:]
-        lo, cnt = index.first[p].astype(np.int64), index.count[p].astype(np.int64)
+        lo, cnt = index.first[p].astype(np.int64), index.count[p].astype(np.int64)  # p are directories: checked
         e = np.arange(1, n)
         if ((e < lo) | (e >= lo + cnt)).any():
             raise _fail("an entry lies outside its parent's children")
@@ -174,8 +184,10 @@ def _check_files(index: Any) -> None:
         raise _fail(f"record kind {int(unknown[0])}, unknown to this fanfs (a newer one wrote it)")
     if (index.codec[files] >= len(index.meta["codecs"])).any():
         raise _fail("a file names a codec the store lacks")
-    first, count = index.first[files].astype(np.int64), index.count[files].astype(np.int64)
     blobs = index.blob_offset.size
+    first = _ints(index.first[files], "a file's blobs lie outside the blob table", blobs)
+    count = index.count[files].astype(np.int64)
+    _ints(index.size[files], "a file is larger than any file can be")
     if ((first + count > blobs) | (first > blobs)).any():
         raise _fail("a file's blobs lie outside the blob table")
     held = count > 0
@@ -185,8 +197,8 @@ def _check_files(index: Any) -> None:
     f, c = first[held][order], count[held][order]
     if (f[1:] < f[:-1] + c[:-1]).any():
         raise _fail("two files share blobs")
-    sizes = index.shard_size.astype(np.int64)
-    if ((sizes < SHARD_HEADER.size) | (sizes > _MAX_INT)).any():
+    sizes = _ints(index.shard_size, "a shard size is impossible")
+    if (sizes < SHARD_HEADER.size).any():
         raise _fail("a shard size is impossible")
     owned, owner = expand(f, c)
     owner_shard = index.shard[files][held][order].astype(np.int64)[owner]
@@ -209,7 +221,8 @@ def _check_files(index: Any) -> None:
 
 def _check_symlinks(index: Any) -> None:
     links = np.flatnonzero(index.type == SYMLINK)
-    first, count = index.first[links].astype(np.int64), index.count[links].astype(np.int64)
+    first = _ints(index.first[links], "a symlink target lies outside the target table", index.targets.size)
+    count = index.count[links].astype(np.int64)
     if ((count < 1) | (count > 4095) | (first + count > index.targets.size)).any():
         raise _fail("a symlink target lies outside the target table")
     if (index.size[links] != count.astype(np.uint64)).any():

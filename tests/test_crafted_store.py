@@ -1,0 +1,179 @@
+"""Issue 8.3/8.4: a crafted store (valid checksum, lying content) or a FIFO gets one line, never a hang.
+
+The fuzzer rewrites a real store's index with random edits (a value set to an edge case, a column cut
+short or given another type, a header key dropped or retyped) and recomputes the checksum, so only
+validation stands between the edit and the reader.  Opening must either refuse with a StoreError, or
+succeed with a store whose every file reads in bounded time with the right length or an EIO.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fanfs
+from jpeg_samples import make_photo_set
+from trees import make_torture_tree
+
+from fanfs.errors import StoreError
+from fanfs.store import Store
+from fanfs.store.format import FILE, INDEX_NAME, SHARD_DIR, read_index, shard_name, write_index
+
+EDGES = [0, 1, 2, 63, 64, 255, 256, 4095, 65535, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53, 2**63 - 1, 2**63,
+         2**64 - 1]
+
+
+@pytest.fixture(scope="module")
+def real_store(tmp_path_factory):
+    base = tmp_path_factory.mktemp("crafted")
+    src = make_torture_tree(base / "src")
+    os.unlink(src / "a_fifo")
+    os.unlink(src / "sparse.img")  # keep every read of every case small
+    make_photo_set(src / "photos", 4)
+    store = base / "store"
+    fanfs("pack", src, store, "--progressive-jpeg", "--shard-size", "64K", "--quiet")
+    return store
+
+
+def rewrite(store: Path, edit) -> None:
+    """Rewrite STORE/index through ``edit(meta, columns)`` with a valid checksum."""
+    path = str(store / INDEX_NAME)
+    meta, columns, _ = read_index(path)
+    columns = {name: np.array(column) for name, column in columns.items()}  # writable copies
+    edit(meta, columns)
+    write_index(path, meta, columns)
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Hang()
+
+
+def read_everything(store: Path) -> None:
+    """Open the store and read every file whole and at a few odd ranges, within 20 s all told."""
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(20)
+    try:
+        try:
+            s = Store(str(store))
+        except StoreError as err:
+            assert "\n" not in str(err)
+            return
+        for entry in np.flatnonzero(s.index.type == FILE).tolist():
+            size = s.size_at(entry)
+            for offset, length in ((0, size), (size // 2, 4097), (max(0, size - 1), 1 << 20), (size, 10)):
+                try:
+                    data = s.read(entry, offset, length)
+                except OSError as err:
+                    assert err.errno == errno.EIO
+                    continue
+                assert len(data) == max(0, min(length, size - offset)), (entry, offset, length)
+        s.listdir(0)
+        s.close()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _random_edit(rng: random.Random):
+    def edit(meta, columns):
+        what = rng.random()
+        name = rng.choice(sorted(columns))
+        column = columns[name]
+        if what < 0.55 and column.size:
+            i = rng.randrange(column.size)
+            info = np.iinfo(column.dtype)
+            value = rng.choice(EDGES + [int(column[i]) + d for d in (-1, 1)] + [rng.randrange(info.max + 1)])
+            column[i] = np.array(value).astype(column.dtype) if 0 <= value <= info.max else column.dtype.type(info.max)
+        elif what < 0.65:
+            columns[name] = column[: max(0, column.size - rng.randint(1, 3))]
+        elif what < 0.72:
+            columns[name] = column.astype(rng.choice([np.uint8, np.uint16, np.uint32, np.uint64, np.int64]))
+        elif what < 0.78:
+            del columns[name]
+        elif what < 0.9:
+            key = rng.choice(sorted(meta))
+            del meta[key]
+        else:
+            key = rng.choice(sorted(meta))
+            meta[key] = rng.choice([None, -1, 2**64, "x", [], {}, 1.5, True])
+    return edit
+
+
+def test_fuzzed_indexes_are_refused_or_read_safely(real_store, tmp_path):
+    rng = random.Random(8)
+    refused = served = 0
+    for case in range(300):
+        victim = tmp_path / f"case{case}"
+        shutil.copytree(real_store, victim)
+        rewrite(victim, _random_edit(rng))
+        try:
+            Store(str(victim)).close()
+            served += 1
+        except StoreError:
+            refused += 1
+        read_everything(victim)
+        shutil.rmtree(victim)
+    print(f"300 fuzzed indexes: {refused} refused at open, {served} opened and read safely")
+    assert refused > 150
+
+
+AUDIT = {
+    "size one byte more than its chunks": lambda m, c: c["size"].__setitem__(
+        int(np.flatnonzero((c["count"] > 1) & (c["type"] == FILE))[0]),
+        c["size"][int(np.flatnonzero((c["count"] > 1) & (c["type"] == FILE))[0])] + 1),
+    "store_id missing": lambda m, c: m.pop("store_id"),
+    "codecs missing": lambda m, c: m.pop("codecs"),
+    "totals retyped": lambda m, c: m.__setitem__("totals", "many"),
+    "paths column missing": lambda m, c: c.pop("paths"),
+    "size column short": lambda m, c: c.__setitem__("size", c["size"][:-1]),
+    "hash_entry out of range": lambda m, c: c["hash_entry"].__setitem__(0, 2**32 - 1),
+    "blob offset >= 2**63": lambda m, c: c["blob_offset"].__setitem__(0, 2**63),
+    "mode column retyped": lambda m, c: c.__setitem__("mode", c["mode"].astype(np.uint64)),
+    "a name with a slash": lambda m, c: c["paths"].__setitem__(int(c["path_offset"][2]), ord("/")),
+    "a parent that is a file": lambda m, c: c["parent"].__setitem__(
+        int(c["parent"].size - 1), int(np.flatnonzero(c["type"] == FILE)[0])),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(AUDIT))
+def test_audit_cases_are_refused_with_one_line(real_store, tmp_path, damage):
+    victim = tmp_path / "victim"
+    shutil.copytree(real_store, victim)
+    rewrite(victim, AUDIT[damage])
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for args in (["info", victim], ["verify", victim, "--quiet"], ["mount", victim, mnt]):
+        done = fanfs(*args, check=False, timeout=60)
+        assert done.returncode == 1, (damage, args, done.stdout, done.stderr)
+        assert done.stderr.startswith("fanfs: error:") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+    assert not os.path.ismount(mnt)
+
+
+@pytest.mark.parametrize("where", ["index", "shard"])
+def test_a_fifo_in_the_store_is_refused_not_waited_on(real_store, tmp_path, where):
+    victim = tmp_path / "victim"
+    shutil.copytree(real_store, victim)
+    target = victim / INDEX_NAME if where == "index" else victim / SHARD_DIR / shard_name(1)
+    target.unlink()
+    os.mkfifo(target)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    commands = [["verify", victim, "--quiet"], ["mount", victim, mnt]]
+    if where == "index":
+        commands.append(["info", victim])  # info reads no shard: with a FIFO shard it just works
+    for args in commands:
+        done = fanfs(*args, check=False, timeout=60)  # a hang would be a TimeoutExpired: the test fails
+        assert done.returncode == 1, (args, done.stderr)
+        assert "is a FIFO, not a regular file" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not os.path.ismount(mnt)

@@ -1,0 +1,95 @@
+"""Issue 8.6: racing mounts, hostile control messages and out-of-range options are refused cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import daemon_pids, fanfs, force_unmount
+from jpeg_samples import make_photo_set
+
+from fanfs.errors import FanfsError
+from fanfs.serve.control import request, socket_path
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    base = tmp_path_factory.mktemp("safety")
+    make_photo_set(base / "src", 4)
+    (base / "src" / "notes.txt").write_text("notes\n")
+    fanfs("pack", base / "src", base / "records", "--progressive-jpeg", "--quiet")
+    fanfs("pack", base / "src", base / "plain", "--quiet")
+    return base
+
+
+def test_two_mounts_of_one_point_at_once_never_stack(stores, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        for _ in range(3):
+            procs = [subprocess.Popen([sys.executable, "-m", "fanfs", "mount", str(stores / "plain"), str(mnt)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+            results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+            codes = sorted(code for code, _ in results)
+            assert codes == [0, 1], results
+            refusal = next(err for code, err in results if code)
+            assert "mount" in refusal and len(refusal.strip().splitlines()) == 1, refusal
+            mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines() if f" {mnt} " in line]
+            assert len(mounts) == 1, mounts
+            assert len(daemon_pids(mnt)) == 1
+            assert (mnt / "notes.txt").read_text() == "notes\n"
+            fanfs("umount", mnt)
+            assert not os.path.ismount(mnt) and not daemon_pids(mnt)
+    finally:
+        force_unmount(mnt)
+
+
+@pytest.mark.parametrize("value", [-1, 0, 11, 70000, "3", True, 3.5, None, [2]])
+def test_control_messages_are_validated_like_the_command_line(stores, mount, value):
+    with mount(stores / "records", "--fidelity", "2") as mnt:
+        with pytest.raises(FanfsError) as info:
+            request(mnt, {"cmd": "present", "fidelity": value})
+        assert "fidelity" in str(info.value)
+        assert request(mnt, {"cmd": "status"})["fidelity"] == 2
+        assert request(mnt, {"cmd": "present", "fidelity": 3})["fidelity"] == 3
+
+
+def test_malformed_control_requests_get_an_error_and_the_daemon_lives_on(stores, mount):
+    with mount(stores / "records") as mnt:
+        for raw in (b"not json\n", b"[1, 2]\n", b'{"cmd": "nosuch"}\n', b'{"cmd": "present", "shape": 1}\n',
+                    b"x" * 70000 + b"\n"):
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(socket_path(mnt))
+                sock.sendall(raw)
+                answer = json.loads(sock.makefile("rb").readline() or b"{}")
+                assert "error" in answer, (raw[:40], answer)
+        assert request(mnt, {"cmd": "status"})["pid"] > 0
+        assert len(os.listdir(mnt)) == 5
+
+
+def test_out_of_range_options_name_what_the_store_takes(stores, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        done = fanfs("mount", stores / "records", mnt, "--fidelity", "99", check=False)
+        assert done.returncode == 1 and "fidelity 99 is out of range" in done.stderr and "1.." in done.stderr
+        done = fanfs("mount", stores / "plain", mnt, "--fidelity", "3", check=False)
+        assert done.returncode == 1 and "no files whose fidelity can be chosen" in done.stderr
+        assert not os.path.ismount(mnt)
+    finally:
+        force_unmount(mnt)
+    done = fanfs("pack", stores / "src", tmp_path / "s", "--shard-size", "0", check=False)
+    assert done.returncode == 2 and "above 0" in done.stderr
+
+
+def test_stage_creates_only_the_last_component(stores, tmp_path):
+    done = fanfs("stage", stores / "plain", tmp_path / "no" / "such" / "local", "--quiet", check=False)
+    assert done.returncode == 1 and "does not exist" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "no").exists()
+    fanfs("stage", stores / "plain", tmp_path / "local", "--quiet")
+    assert sorted(os.listdir(tmp_path / "local"))
