@@ -27,6 +27,7 @@ def imports(path: Path) -> set[str]:
     """fanfs modules (and packages) a file imports, relative imports resolved."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
@@ -36,11 +37,12 @@ def imports(path: Path) -> set[str]:
                 parent = parent[:len(parent) - node.level + 1]
                 base = ".".join(parent + ([base] if base else []))
             if base.startswith("fanfs"):
-                found.add(base)
-                found.update(f"{base}.{alias.name}" for alias in node.names)
+                submodules = {f"{base}.{alias.name}" for alias in node.names} & modules
+                found.update(submodules)
+                if len(submodules) < len(node.names):  # a name defined by the package itself
+                    found.add(base)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("fanfs"))
-    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
     return {m for m in found if m in modules and m != name}
 
 
