@@ -106,8 +106,8 @@ def read_pass(mnt: Path, rels: list[str]) -> tuple[float, float]:
 
 def remote_files(store: Path, rels: list[str], ranks: int) -> list[str]:
     """Files whose shard rank 0 does not hold with one replica."""
-    from fanfs.index import Index
-    from fanfs.placement import place
+    from fanfs.store.index import Index
+    from fanfs.cluster.placement import place
     index = Index(str(store / "index"))
     held = place(index.shard_size, ranks, 1).holds(0)
     return [rel for rel in rels if not held[int(index.shard[index.lookup(rel.encode())])]]

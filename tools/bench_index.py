@@ -5,7 +5,7 @@ Writes a valid store directly with ``build_index`` (no data is packed): ImageNet
 ``train/n0XXXXXXX/n0XXXXXXX_NNNNN.JPEG``, ~110 KB sizes, raw codec, blobs laid out back to back in
 sparse shard files that carry a real header and the size the index states (what ``Store.check_shards``
 verifies).  File contents are holes, so reading a file fails its checksum: this measures metadata only.
-Measured: index size; ``Store()`` open time in-process; launching ``fanfs mount`` to the first successful
+Measured: index size; ``Store()`` open time in-process (checksum pass + whole-index validation); launching ``fanfs mount`` to the first successful
 ``os.stat`` of a deep file, ``ls -R`` of one class directory, then 1,000 random stats, with the daemon's
 VmRSS/VmHWM after each (RssShmem is the index mapped from tmpfs: shared page cache, not private
 memory).  Goal: first stat <= 1 s after launch, daemon <= 150 MB.
@@ -27,9 +27,10 @@ import numpy as np
 import benchlib as bl
 from fanfs import __version__
 from fanfs.codecs import Raw
-from fanfs.format import CHUNK_SIZE, DIR, FILE, FORMAT_VERSION, INDEX_NAME, SHARD_DIR, SHARD_HEADER, shard_header, shard_name
-from fanfs.index import build_index
+from fanfs.records.plain import CHUNK_SIZE
 from fanfs.store import Store
+from fanfs.store.format import DIR, FILE, FORMAT_VERSION, INDEX_NAME, SHARD_DIR, SHARD_HEADER, shard_header, shard_name
+from fanfs.store.index import build_index
 
 GOAL_SECONDS, GOAL_BYTES = 1.0, 150 * 2**20
 
@@ -148,7 +149,7 @@ def main() -> int:
         s = Store(str(store))
         t = time.perf_counter()
         for rel in sample:
-            s.getattr(s.lookup(rel.encode()))
+            s.size_at(s.lookup(rel.encode()))
         lookup_us = (time.perf_counter() - t) / len(sample) * 1e6
         s.close()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import benchlib as bl
-from fanfs.format import FILE
+from fanfs.store.format import FILE
 from fanfs.store import Store
 
 PY_FIRST = ("email", "json", "asyncio", "concurrent", "http", "urllib", "xml", "logging", "multiprocessing",

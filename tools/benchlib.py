@@ -86,7 +86,7 @@ def _unmount(mnt: Path, pid: int | None, graceful: Sequence[str] | None) -> None
 
 def daemon_pid(mnt: Path) -> int:
     """Pid of the fanfs daemon serving ``mnt`` (its control channel's status answer)."""
-    from fanfs import control
+    from fanfs.serve import control
     return int(control.request(str(mnt), {"cmd": "status"}, timeout=10)["pid"])
 
 

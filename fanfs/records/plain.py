@@ -58,11 +58,16 @@ class PlainFiles(RecordKind):
             return "a plain file with more than one layer"
         if (count != -(-size.astype(np.int64) // chunk)).any():
             return "a plain file whose chunk count does not match its size"
-        if entries.size:
-            blobs, owner = expand(index.first[entries], count)
-            position = blobs - np.repeat(index.first[entries].astype(np.int64), count)
-            last = position == np.repeat(count, count) - 1
-            expected = np.where(last, size[owner].astype(np.int64) - position * chunk, chunk)
+        single = count == 1  # most files: one blob holding the whole file
+        if (index.blob_raw[index.first[entries[single]]] != size[single]).any():
+            return "a plain file whose blob size is not its size"
+        multi = entries[count > 1]
+        if multi.size:
+            many = index.count[multi].astype(np.int64)
+            blobs, owner = expand(index.first[multi], many)
+            position = blobs - np.repeat(index.first[multi].astype(np.int64), many)
+            last = position == np.repeat(many, many) - 1
+            expected = np.where(last, index.size[multi][owner].astype(np.int64) - position * chunk, chunk)
             if (index.blob_raw[blobs] != expected).any():
                 return "a plain file whose chunk sizes do not add up to its size"
         return None
