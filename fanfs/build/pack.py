@@ -102,6 +102,16 @@ def _deferred_interrupt() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
+MIN_SHARD = 1 << 20
+SHARDS_PER_JOB = 4
+
+
+def shard_target(total: int, limit: int, jobs: int) -> int:
+    """Source bytes per shard: at most ``limit``, but small enough that ``jobs`` workers all have shards
+    to pack (about four each, not below 1 MiB).  Placement is per blob, so the cut does not affect it."""
+    return min(limit, max(MIN_SHARD, -(-total // (SHARDS_PER_JOB * jobs))))
+
+
 def _plan_shards(tree: Tree, shard_size: int) -> list[list[int]]:
     """Cut the files, in tree order, into shards of about ``shard_size`` source bytes."""
     shards: list[list[int]] = [[]]
@@ -182,11 +192,12 @@ def _codec_table(opts: PackOptions) -> tuple[list[Codec], int, int]:
 def _pack_into(tmp: str, tree: Tree, opts: PackOptions, started: float) -> PackReport:
     store_id = uuid.uuid4().bytes
     codecs, default_codec, raw_codec = _codec_table(opts)
-    shard_files = _plan_shards(tree, opts.shard_size)
+    total = sum(tree.size[e] for e in tree.files())
+    shard_files = _plan_shards(tree, shard_target(total, opts.shard_size, opts.jobs))
     jobs = [ShardJob(n, os.path.join(tmp, SHARD_DIR, shard_name(n)), store_id,
                      [(e, tree.abspath(e)) for e in entries], codecs, opts.kinds, default_codec, raw_codec, opts.plan)
             for n, entries in enumerate(shard_files)]
-    results = _run_jobs(jobs, opts, sum(tree.size[e] for e in tree.files()))
+    results = _run_jobs(jobs, opts, total)
     return _write_index(tmp, tree, opts, store_id, codecs, results, started)
 
 

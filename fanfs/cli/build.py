@@ -78,7 +78,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("src", help="directory to pack")
     p.add_argument("store", help="store directory to create (must not exist, or be empty; --force replaces a store)")
     p.add_argument("--codec", default="zstd:3", help="zstd:LEVEL (1-22), lz4, lz4:LEVEL (1-12) or raw (default zstd:3)")
-    p.add_argument("--shard-size", type=positive_size, default="256M", help="source bytes per shard (default 256M)")
+    p.add_argument("--shard-size", type=positive_size, default="256M",
+                   help="source bytes per shard at most (default 256M; a small tree is cut finer so that every "
+                        "worker has shards to pack)")
     p.add_argument("--jobs", "-j", type=positive, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     p.add_argument("--force", action="store_true",
                    help="replace STORE if it is a fanfs store (never anything else: not a tree holding SRC, "

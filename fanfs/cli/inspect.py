@@ -34,10 +34,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     placement = None
     if args.nodes:
         from ..cluster.placement import format_placement, place
-        placement = place(store.index.shard_size, args.nodes, args.replicas)
+        placement = place(store.index.blob_stored, args.nodes, args.replicas)
         info["placement"] = {"nodes": placement.nodes, "replicas": placement.replicas,
-                             "node_bytes": placement.node_bytes.tolist(),
-                             "node_shards": [int(placement.shards_of(n).size) for n in range(placement.nodes)]}
+                             "node_bytes": placement.node_bytes.tolist(), "node_blobs": placement.node_blobs.tolist()}
     if args.json:
         print_json(info)
     else:

@@ -133,7 +133,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"])))
     if "cluster" in stats:
         c = stats["cluster"]
-        print(f"node       rank {c['rank']} of {c['nodes']}, {c['local_shards']:,} shards held, {c['replicas']} replicas")
+        print(f"node       rank {c['rank']} of {c['nodes']}, {c['local_blobs']:,} blobs held, {c['replicas']} replicas")
         print(f"local      {human_size(c['local_bytes'])}   remote {human_size(c['remote_bytes'])} in "
               f"{c['remote_requests']:,} requests ({c['remote_latency_mean_ms']:.2f} ms mean, "
               f"{c['remote_latency_max_ms']:.2f} ms max; {c['remote_timeouts']} timeouts, {c['remote_failures']} failed)")

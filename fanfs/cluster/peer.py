@@ -1,185 +1,203 @@
-"""Nodes read each other's shards over MPI: stored (compressed) byte ranges cross, the reader decodes.
+"""Nodes read each other's blobs over TCP: stored (compressed) bytes cross, the reader checks and decodes.
 
-Protocol, on two communicators duplicated from the job's world (so nothing else can match them):
+Why TCP and not MPI for this part (README "Many nodes"): with MPI a dead rank takes every survivor
+down (MPICH's fault-tolerant mode asserts at start-up in the pip build; without it a peer's death
+aborts every rank's MPI), so a job uses MPI only for its collective start (index broadcast, staging,
+the exchange of these endpoints and a per-job secret), finalises it, and its daemons then serve each
+other over plain sockets: a dead peer is a refused connection (the next holder is asked at once), a
+stopped one a timeout in a worker thread, and neither touches another node's mount.
 
-* request (``requests`` comm, tag 1): ``kind, store id, shard, offset, length, reply tag``, 41 bytes;
-  kind READ asks for a byte range, kind BYE says "this rank is done: the job is ending";
-* reply (``replies`` comm, the request's own tag): one status byte (OK, REFUSED, FAILED) then the
-  bytes or the reason.  The reader posts its ``Irecv`` before sending the request, so a reply never
-  waits in MPI's unexpected queue, and a unique tag per request keeps a late answer to a request
-  that timed out from being taken for another one.
-
-The server thread polls with ``Improbe`` and backs off (:class:`Backoff`, ~1 ms sleeps when idle):
-a thread blocked in ``Recv``/``Mprobe`` would spin a whole core for an idle job.  It answers
-only ranges inside shards of its own store that placement gave it, within the index's shard size,
-and refuses (and logs) anything else.  It ends once every peer has said BYE and its replies are
-delivered; see :mod:`fanfs.node` for the shutdown of the job.
+Protocol: a connection opens with ``HELLO`` (magic, the job's secret, store id, rank), which the server
+checks before anything else; then requests ``kind, blob`` (READ a blob's stored bytes, or BYE: "this
+node is done, the job is ending") and replies ``status, length`` + bytes (OK, or REFUSED/FAILED and a
+reason).  The server serves only whole blobs of its own store that placement gave it, located by the
+index (a client names a blob, never a byte range), and refuses (and logs) anything else.
 """
 
 from __future__ import annotations
 
 import errno
+import hmac
 import logging
+import os
+import queue
+import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
-from ..errors import NotHeld, StoreError
+from ..errors import FanfsError, NotHeld
 from ..store.format import shard_name
 from ..store.sources import LocalShards, ShardSource
 from .placement import Placement
 
 log = logging.getLogger("fanfs")
 
-REQUEST = struct.Struct("<B16sIQII")  # kind, store id, shard, offset, length, reply tag
+MAGIC = b"FANFSPR1"
+HELLO = struct.Struct("<8s32s16sI")  # magic, job secret, store id, rank
+REQUEST = struct.Struct("<BQ")  # kind, blob
+REPLY = struct.Struct("<BI")  # status, length of what follows
 READ, BYE = 1, 2
 OK, REFUSED, FAILED = 0, 1, 2
-REQUEST_TAG = 1
-MAX_LENGTH = 64 << 20  # far above any blob; bounds what one request can make a peer allocate and send
-MAX_REASON = 1024  # a refusal's text always fits the reader's receive buffer (at least 4 KiB)
+MAX_REASON = 1024
 SILENT_SECONDS = 30.0  # a holder that timed out is not asked again for this long (it is skipped at once)
+DEAD_SECONDS = 5.0  # a holder that refused the connection (not serving) is skipped for this long
 
 
-class Backoff:
-    """Polling pace: spin just after activity, poll every ~50 µs while reads keep coming, every 1 ms when idle.
-
-    Training reads come in bursts; staying quick for a while after the last message keeps a burst's
-    round trips short, while an idle job costs about a thousand cheap polls a second per thread.
-    """
-
-    SPIN = 1e-4
-    WARM = 0.05
-    FAST_SLEEP = 5e-5
-    IDLE_SLEEP = 1e-3
-
-    def __init__(self) -> None:
-        self.last = time.monotonic()
-
-    def reset(self) -> None:
-        self.last = time.monotonic()
-
-    def pause(self) -> None:
-        idle = time.monotonic() - self.last
-        if idle > self.SPIN:
-            time.sleep(self.FAST_SLEEP if idle < self.WARM else self.IDLE_SLEEP)
+def peer_host() -> str:
+    """The address this node's peers reach it at: ``$FANFS_PEER_HOST`` (a name or IP on the fast
+    network), else the address the host name resolves to."""
+    name = os.environ.get("FANFS_PEER_HOST") or socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError as err:
+        raise FanfsError(f"cannot resolve {name} for the peer connections ({err.strerror or err}): "
+                         "set FANFS_PEER_HOST to this node's address") from None
 
 
-@dataclass
-class Channels:
-    """The two private communicators of the peer protocol (created collectively, once per job)."""
+class BlobLocator:
+    """Where each blob lies (its file's shard; offset and size from the index), for a server."""
 
-    requests: Any
-    replies: Any
+    def __init__(self, index: Any) -> None:
+        files = np.flatnonzero((index.type == 1) & (index.count > 0))
+        order = np.argsort(index.first[files], kind="stable")
+        self._files = files[order]
+        self._first = index.first[self._files].astype(np.int64)
+        self._index = index
 
-    @classmethod
-    def create(cls, comm: Any) -> "Channels":
-        return cls(comm.Dup(), comm.Dup())
-
-    @property
-    def rank(self) -> int:
-        return self.requests.Get_rank()
-
-    @property
-    def size(self) -> int:
-        return self.requests.Get_size()
-
-    def free(self) -> None:
-        self.requests.Free()
-        self.replies.Free()
+    def shard(self, blob: int) -> int:
+        i = int(np.searchsorted(self._first, blob, side="right")) - 1
+        entry = int(self._files[i])
+        return int(self._index.shard[entry])
 
 
-class PeerServer(threading.Thread):
-    """Answers peers' range requests from this node's local shards until every peer said BYE."""
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionResetError(errno.ECONNRESET, "the peer closed the connection")
+        got += k
+    return buf
 
-    def __init__(self, channels: Channels, store_id: bytes, shard_sizes: np.ndarray, placement: Placement,
-                 local: LocalShards, on_bye: Callable[[int], None]) -> None:
-        super().__init__(name="fanfs-peer-server", daemon=True)
-        self.channels = channels
-        self.store_id = store_id
-        self.shard_sizes = shard_sizes
-        self.held = placement.holds(channels.rank)
+
+def listen(host: str) -> socket.socket:
+    """A listening socket for peers on ``host``, on a port the system picks."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, 0))
+    listener.listen(128)
+    return listener
+
+
+class PeerServer:
+    """Answers peers' blob requests from this node's local shards, one thread per connection."""
+
+    def __init__(self, listener: socket.socket, index: Any, placement: Placement, rank: int, local: LocalShards,
+                 secret: bytes, store_id: bytes, on_bye: Callable[[int], None]) -> None:
+        self.index = index
+        self.placement = placement
+        self.rank = rank
         self.local = local
+        self.secret = secret
+        self.store_id = store_id
         self.on_bye = on_bye
+        self.locate = BlobLocator(index)
+        self._listener = listener
+        self.address = listener.getsockname()[:2]
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
         self.served_requests = self.served_bytes = self.refused = self.failed = 0
 
-    def run(self) -> None:
+    def start(self) -> None:
+        threading.Thread(target=self._accept, name="fanfs-peer-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn, peer), name="fanfs-peer-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket, peer: Any) -> None:
         try:
-            self._serve()
-        except BaseException:  # logged here: a thread's exception would otherwise only reach stderr
-            log.exception("peer: the server thread failed; the job will be aborted at shutdown")
-            raise
+            conn.settimeout(10)
+            magic, secret, store_id, rank = HELLO.unpack(_recv_exactly(conn, HELLO.size))
+            if magic != MAGIC or not hmac.compare_digest(secret, self.secret) or store_id != self.store_id:
+                self.refused += 1
+                log.warning("peer: refused a connection from %s: not of this job", peer[0])
+                return
+            conn.sendall(b"\0")
+            conn.settimeout(None)
+            while True:
+                kind, blob = REQUEST.unpack(_recv_exactly(conn, REQUEST.size))
+                if kind == BYE:
+                    self.on_bye(rank)
+                    return
+                conn.sendall(self._answer(rank, kind, blob))
+        except (OSError, struct.error):
+            return
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
 
-    def _serve(self) -> None:
-        requests, replies = self.channels.requests, self.channels.replies
-        waiting = set(range(self.channels.size)) - {self.channels.rank}
-        sending: list[tuple[Any, bytes]] = []  # Isend requests with the payloads they must keep alive
-        backoff = Backoff()
-        status = MPI.Status()
-        while waiting or sending:
-            message = requests.Improbe(MPI.ANY_SOURCE, REQUEST_TAG, status)
-            if message is not None:
-                source = status.Get_source()
-                buf = bytearray(status.Get_count(MPI.BYTE))
-                message.Recv([buf, MPI.BYTE])
-                if len(buf) == REQUEST.size and buf[0] == BYE:
-                    waiting.discard(source)
-                    self.on_bye(source)
-                else:
-                    answer = self._answer(source, buf)
-                    if answer is not None:
-                        tag, payload = answer
-                        sending.append((replies.Isend([payload, MPI.BYTE], source, tag), payload))
-                backoff.reset()
-                continue
-            if sending:
-                still = [(req, payload) for req, payload in sending if not req.Test()]
-                if len(still) < len(sending):
-                    backoff.reset()
-                sending = still
-            backoff.pause()
-
-    def _answer(self, source: int, buf: bytearray) -> tuple[int, bytes] | None:
-        """(reply tag, reply) for one request, or None for one too malformed to answer."""
-        if len(buf) != REQUEST.size:
-            self.refused += 1
-            log.warning("peer: refused a malformed request from rank %d (%d bytes)", source, len(buf))
-            return None
-        kind, store_id, shard, offset, length, tag = REQUEST.unpack(buf)
-        reason = self._refusal(kind, store_id, shard, offset, length)
+    def _answer(self, rank: int, kind: int, blob: int) -> bytes:
+        """The reply to one request: the blob's stored bytes, or a refusal with its reason."""
+        reason = self._refusal(kind, blob)
         if reason:
             self.refused += 1
-            log.warning("peer: refused request from rank %d: %s", source, reason)
-            return tag, bytes([REFUSED]) + reason.encode()[:MAX_REASON]
+            log.warning("peer: refused request from rank %d: %s", rank, reason)
+            text = reason.encode()[:MAX_REASON]
+            return REPLY.pack(REFUSED, len(text)) + text
+        ix = self.index
+        shard, offset, length = self.locate.shard(blob), int(ix.blob_offset[blob]), int(ix.blob_stored[blob])
         try:
-            data = self.local.read(shard, offset, length)
+            data = self.local.read(blob, shard, offset, length)
             if len(data) != length:
                 raise OSError(errno.EIO, f"short read ({len(data)} of {length} bytes)")
-        except (OSError, StoreError) as err:
+        except (OSError, FanfsError) as err:
             self.failed += 1
-            log.warning("peer: cannot serve shard %s to rank %d: %s", shard_name(shard), source, err)
-            return tag, bytes([FAILED]) + str(err).encode()[:MAX_REASON]
+            log.warning("peer: cannot serve blob %d (shard %s) to rank %d: %s", blob, shard_name(shard), rank, err)
+            text = str(err).encode()[:MAX_REASON]
+            return REPLY.pack(FAILED, len(text)) + text
         self.served_requests += 1
         self.served_bytes += length
-        return tag, bytes([OK]) + data
+        return REPLY.pack(OK, length) + data
 
-    def _refusal(self, kind: int, store_id: bytes, shard: int, offset: int, length: int) -> str:
-        if store_id != self.store_id:
-            return f"store {store_id.hex()[:12]} is not this node's store {self.store_id.hex()[:12]}"
+    def _refusal(self, kind: int, blob: int) -> str:
         if kind != READ:
             return f"unknown request kind {kind}"
-        if shard >= self.shard_sizes.size:
-            return f"no shard {shard} in this store"
-        if not self.held[shard]:
-            return f"shard {shard_name(shard)} is not placed on this node"
-        if not 0 < length <= MAX_LENGTH or offset + length > int(self.shard_sizes[shard]):
-            return f"range {offset}+{length} is outside shard {shard_name(shard)} ({int(self.shard_sizes[shard])} bytes)"
+        if blob >= self.index.blob_offset.size:
+            return f"no blob {blob} in this store"
+        if not self.placement.holds(self.rank, blob):
+            return f"blob {blob} is not placed on this node"
+        if not int(self.index.blob_stored[blob]):
+            return f"blob {blob} is a hole: nothing to send"
         return ""
+
+    def close(self) -> None:
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            for conn in list(self._conns):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def stats(self) -> dict[str, int]:
         return {"served_requests": self.served_requests, "served_bytes": self.served_bytes,
@@ -187,81 +205,96 @@ class PeerServer(threading.Thread):
 
 
 class PeerClient:
-    """Asks one peer for one byte range and waits for the answer, at most ``timeout`` seconds."""
+    """Asks peers for blobs, each answer awaited at most ``timeout`` seconds; keeps idle connections."""
 
-    def __init__(self, channels: Channels, store_id: bytes, timeout: float) -> None:
-        self.channels = channels
-        self.store_id = store_id
+    def __init__(self, endpoints: list[tuple[str, int]], rank: int, secret: bytes, store_id: bytes,
+                 timeout: float) -> None:
+        self.endpoints = endpoints
+        self.rank = rank
         self.timeout = timeout
+        self._hello = HELLO.pack(MAGIC, secret, store_id, rank)
+        self._idle: dict[int, queue.SimpleQueue] = {peer: queue.SimpleQueue() for peer in range(len(endpoints))}
+        self._skip_until: dict[int, float] = {}
         self._lock = threading.Lock()
-        self._next_tag = 0
-        self._tag_ub = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
-        self._orphans: dict[int, tuple[Any, bytearray]] = {}  # timed-out receives, by tag: kept posted
-        self._silent_until: dict[int, float] = {}
         self.requests = self.bytes = self.timeouts = self.failures = 0
         self.latency_total = self.latency_max = 0.0
 
-    def _tag(self) -> int:
-        with self._lock:
-            while True:
-                self._next_tag = self._next_tag % self._tag_ub + 1
-                if self._next_tag not in self._orphans:
-                    return self._next_tag
+    def _connect(self, peer: int) -> socket.socket:
+        sock = socket.create_connection(self.endpoints[peer], timeout=self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(self._hello)
+        if _recv_exactly(sock, 1) != b"\0":
+            raise OSError(errno.EACCES, "handshake refused")
+        return sock
 
-    def read(self, holder: int, shard: int, offset: int, length: int) -> bytes:
-        if time.monotonic() < self._silent_until.get(holder, 0.0):
+    def read(self, holder: int, blob: int) -> bytes:
+        if time.monotonic() < self._skip_until.get(holder, 0.0):
             raise TimeoutError(errno.ETIMEDOUT, f"rank {holder} did not answer lately; skipped")
-        tag = self._tag()
-        buf = bytearray(1 + max(length, 4096))
-        status = MPI.Status()
         started = time.perf_counter()
-        pending = self.channels.replies.Irecv([buf, MPI.BYTE], holder, tag)
-        self.channels.requests.Send([REQUEST.pack(READ, self.store_id, shard, offset, length, tag), MPI.BYTE],
-                                    holder, REQUEST_TAG)
-        backoff = Backoff()
-        while not pending.Test(status):
-            if time.perf_counter() - started > self.timeout:
-                with self._lock:
-                    self._orphans[tag] = (pending, buf)  # cancelling could strand the peer's send: keep it posted
-                    self._silent_until[holder] = time.monotonic() + SILENT_SECONDS
-                    self.timeouts += 1
-                log.warning("peer: rank %d did not answer within %g s (shard %s); asking the next holder",
-                            holder, self.timeout, shard_name(shard))
-                raise TimeoutError(errno.ETIMEDOUT, f"rank {holder} did not answer within {self.timeout:g} s")
-            backoff.pause()
+        try:
+            try:
+                sock = self._idle[holder].get_nowait()
+            except queue.Empty:
+                sock = self._connect(holder)
+            sock.settimeout(self.timeout)
+            sock.sendall(REQUEST.pack(READ, blob))
+            status, length = REPLY.unpack(_recv_exactly(sock, REPLY.size))
+            payload = _recv_exactly(sock, length)
+        except TimeoutError:
+            self._give_up(holder, SILENT_SECONDS, timeout=True)
+            log.warning("peer: rank %d did not answer within %g s (blob %d); asking the next holder",
+                        holder, self.timeout, blob)
+            raise TimeoutError(errno.ETIMEDOUT, f"rank {holder} did not answer within {self.timeout:g} s") from None
+        except OSError as err:
+            self._give_up(holder, DEAD_SECONDS, timeout=False)
+            raise OSError(errno.EIO, f"rank {holder} is not serving ({err.strerror or err})") from None
+        self._idle[holder].put(sock)
         elapsed = time.perf_counter() - started
-        count = status.Get_count(MPI.BYTE)
         with self._lock:
             self.requests += 1
             self.latency_total += elapsed
             self.latency_max = max(self.latency_max, elapsed)
-            if buf[0] == OK:
-                self.bytes += count - 1
+            if status == OK:
+                self.bytes += length
             else:
                 self.failures += 1
-        if buf[0] != OK:
-            what = "refused" if buf[0] == REFUSED else "failed"
-            raise OSError(errno.EIO, f"rank {holder} {what}: {buf[1:count].decode(errors='replace')}")
-        return bytes(memoryview(buf)[1:count])
+        if status != OK:
+            what = "refused" if status == REFUSED else "failed"
+            raise OSError(errno.EIO, f"rank {holder} {what}: {payload.decode(errors='replace')}")
+        return bytes(payload)
+
+    def _give_up(self, holder: int, seconds: float, timeout: bool) -> None:
+        with self._lock:
+            self._skip_until[holder] = time.monotonic() + seconds
+            if timeout:
+                self.timeouts += 1
+            else:
+                self.failures += 1
+        while True:  # its idle connections are as suspect as the one that failed
+            try:
+                self._idle[holder].get_nowait().close()
+            except queue.Empty:
+                break
 
     def say_bye(self) -> None:
-        """Tell every peer this rank is done (small eager sends: they complete even if a peer is stuck)."""
-        bye = REQUEST.pack(BYE, self.store_id, 0, 0, 0, 0)
-        for peer in range(self.channels.size):
-            if peer != self.channels.rank:
-                self.channels.requests.Send([bye, MPI.BYTE], peer, REQUEST_TAG)
-
-    def drain(self, timeout: float) -> None:
-        """Let the answers to timed-out requests arrive (their peers' sends complete), then cancel the rest."""
-        deadline = time.monotonic() + timeout
-        backoff = Backoff()
-        while self._orphans and time.monotonic() < deadline:
-            self._orphans = {tag: item for tag, item in self._orphans.items() if not item[0].Test()}
-            backoff.pause()
-        for pending, _ in self._orphans.values():
-            pending.Cancel()
-            pending.Wait()
-        self._orphans.clear()
+        """Tell every peer this node is done (a dead or stopped peer costs at most a second, not a hang)."""
+        for peer in range(len(self.endpoints)):
+            if peer == self.rank:
+                continue
+            try:
+                with socket.create_connection(self.endpoints[peer], timeout=1.0) as sock:
+                    sock.settimeout(1.0)
+                    sock.sendall(self._hello)
+                    _recv_exactly(sock, 1)
+                    sock.sendall(REQUEST.pack(BYE, 0))
+            except OSError:
+                pass
+        for idle in self._idle.values():
+            while True:
+                try:
+                    idle.get_nowait().close()
+                except queue.Empty:
+                    break
 
     def stats(self) -> dict[str, float | int]:
         mean = self.latency_total / self.requests if self.requests else 0.0
@@ -270,24 +303,25 @@ class PeerClient:
                 "remote_latency_max_ms": round(self.latency_max * 1e3, 3)}
 
 
-class HeldShards(LocalShards):
-    """This node's local directory, for the shards placement gave it; the others are for peers to serve."""
+class HeldBlobs(LocalShards):
+    """This node's local directory, for the blobs placement gave it; the others are for peers to serve."""
 
     def __init__(self, directory: str, store_id: bytes, placement: Placement, rank: int) -> None:
         super().__init__(directory, store_id)
-        self.held = placement.holds(rank)
+        self.placement = placement
+        self.rank = rank
 
-    def read(self, shard: int, offset: int, length: int) -> bytes:
-        if not self.held[shard]:
-            raise NotHeld(f"shard {shard_name(shard)} is placed on other nodes")
-        return super().read(shard, offset, length)
+    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        if not self.placement.holds(self.rank, blob):
+            raise NotHeld(f"blob {blob} is placed on other nodes")
+        return super().read(blob, shard, offset, length)
 
 
-class RemoteShards(ShardSource):
-    """The ``choice``-th holder (in this reader's order) of a shard, other than this node.
+class RemoteBlobs(ShardSource):
+    """The ``choice``-th holder (in this reader's order) of a blob, other than this node.
 
-    One source per choice, so that :meth:`Store._fetch` checks each holder's copy on its own and a
-    bad or missing copy at one holder falls through to the next, like a bad local copy does.
+    One source per choice, so that the store checks each holder's copy on its own and a bad or missing
+    copy at one holder falls through to the next, like a bad local copy does.
     """
 
     def __init__(self, client: PeerClient, placement: Placement, choice: int) -> None:
@@ -296,13 +330,13 @@ class RemoteShards(ShardSource):
         self.choice = choice
         self.name = f"peer#{choice + 1}"
 
-    def read(self, shard: int, offset: int, length: int) -> bytes:
-        holders = self.placement.remote_holders(shard, self.client.channels.rank)
+    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        holders = self.placement.remote_holders(blob, self.client.rank)
         if self.choice >= len(holders):
-            raise NotHeld(f"shard {shard_name(shard)} has no further holder")
-        return self.client.read(holders[self.choice], shard, offset, length)
+            raise NotHeld(f"blob {blob} has no further holder")
+        return self.client.read(holders[self.choice], blob)
 
 
-def remote_sources(client: PeerClient, placement: Placement) -> list[RemoteShards]:
-    """Sources for every other holder a shard can have (a node that holds none has ``replicas`` of them)."""
-    return [RemoteShards(client, placement, choice) for choice in range(placement.replicas)]
+def remote_sources(client: PeerClient, placement: Placement) -> list[RemoteBlobs]:
+    """Sources for every other holder a blob can have (a node that holds none has ``replicas`` of them)."""
+    return [RemoteBlobs(client, placement, choice) for choice in range(placement.replicas)]

@@ -1,9 +1,14 @@
-"""``fanfs stage``: each node copies the shards placement gives it from the shared store to local disk.
+"""``fanfs stage``: each node copies the blobs placement gives it from the shared store to local disk.
 
-Every copy is checked against the index's whole-shard checksum before it is renamed into place, and
-a shard already there and intact is skipped, so a rerun after a crash resumes where it stopped.
-The index is read from the shared file system once per job and broadcast.  Rank 0 shows one progress
-bar for the whole job (the other ranks send it their progress) and prints the per-node report.
+A node's blobs of a shard are one byte range per layer (layer-major shards, contiguous blob ranges),
+copied with ``pread``/``pwrite`` into a *sparse* local copy of the shard (same name, size and offsets:
+the header and the node's ranges written, the rest a hole), so the reader needs no other map.  Every
+blob is checked against its checksum as it is copied (a bad shared copy is reported, not staged); a
+new copy is written under a temporary name and renamed into place.  On a rerun a local copy already
+there has every held blob re-checked and only the blobs that fail are copied again, so a crash resumes
+where it stopped.  The index is read from the shared file system once per job and broadcast.  Rank 0
+shows one progress bar for the whole job (the other ranks send it their progress) and prints the
+per-node report.
 """
 
 from __future__ import annotations
@@ -16,9 +21,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store.format import SHARD_DIR, digest_file, read_blocks, shard_name
+import numpy as np
+
+from ..errors import FanfsError
+from ..records import expand
+from ..store.format import SHARD_DIR, SHARD_HEADER, shard_name
 from ..store.index import Index
-from ..util.checksum import Digest
+from ..util.checksum import checksum
+from ..util.files import open_regular
 from ..util.progress import Progress
 from ..util.units import human_rate, human_size
 from .placement import Placement, place
@@ -35,7 +45,7 @@ class NodeReport:
 
     rank: int
     shards: int = 0
-    copied_shards: int = 0
+    copied_shards: int = 0  # local shard copies written or mended
     copied_bytes: int = 0
     skipped_bytes: int = 0
     seconds: float = 0.0
@@ -125,88 +135,163 @@ class JobProgress:
             self.comm.Free()
 
 
-def intact(path: str, size: int, expected: int) -> bool:
-    """Is the file at ``path`` this shard, whole (size first: cheap; then the checksum of every byte)?"""
-    try:
-        if os.stat(path).st_size != size:
-            return False
-        with open(path, "rb", buffering=0) as f:
-            return digest_file(f) == (size, expected)
-    except OSError:
-        return False
+@dataclass
+class ShardPart:
+    """The blobs of one shard this node holds, in offset order: numbers, offsets and stored sizes."""
+
+    shard: int
+    blobs: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.sizes.sum())
 
 
-def _copy(src: str, dst: str, expected: int, advance: Any) -> str | None:
-    """Copy one shard through a temporary name, checking its checksum; returns a problem or None."""
-    tmp = dst + ".tmp"
-    digest = Digest()
+def held_parts(index: Index, placement: Placement, rank: int) -> list[ShardPart]:
+    """Per shard, the blobs that ``rank`` holds and that have bytes to copy (holes are nothing)."""
+    files = np.flatnonzero((index.type == 1) & (index.count > 0))
+    blob_of, owner = expand(index.first[files], index.count[files])
+    shard_of = index.shard[files][owner]
+    held = np.zeros(index.blob_offset.size, bool)
+    for lo, hi in placement.ranges_of(rank):
+        held[lo:hi] = True
+    keep = held[blob_of] & (index.blob_stored[blob_of] > 0)
+    blob_of, shard_of = blob_of[keep], shard_of[keep]
+    order = np.lexsort((index.blob_offset[blob_of], shard_of))
+    blob_of, shard_of = blob_of[order], shard_of[order]
+    cuts = np.flatnonzero(np.diff(shard_of)) + 1
+    return [ShardPart(int(shards[0]), blobs, index.blob_offset[blobs].astype(np.int64),
+                      index.blob_stored[blobs].astype(np.int64))
+            for blobs, shards in zip(np.split(blob_of, cuts), np.split(shard_of, cuts)) if blobs.size]
+
+
+def _bad_blobs(fd: int, part: ShardPart, index: Index) -> np.ndarray:
+    """Positions in ``part`` of the blobs whose local bytes fail their checksum."""
+    expected = index.blob_checksum[part.blobs].tolist()
+    return np.array([i for i, (offset, size) in enumerate(zip(part.offsets.tolist(), part.sizes.tolist()))
+                     if checksum(os.pread(fd, size, offset)) != expected[i]], np.int64)
+
+
+def _copy_blobs(src_fd: int, dst_fd: int, part: ShardPart, which: np.ndarray, index: Index, advance: Any) -> None:
+    """Copy blobs ``which`` of ``part``, adjacent ones as one range, each checked as it is read."""
+    offsets, sizes, blobs = part.offsets[which], part.sizes[which], part.blobs[which]
+    expected = index.blob_checksum[blobs].tolist()
+    starts = np.flatnonzero(np.r_[True, offsets[1:] != offsets[:-1] + sizes[:-1]])
+    ends = np.r_[starts[1:], offsets.size]
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        begin, length = int(offsets[a]), int(offsets[b - 1] + sizes[b - 1] - offsets[a])
+        data = os.pread(src_fd, length, begin)
+        if len(data) != length:
+            raise OSError(errno.EIO, f"short read of the shared shard ({len(data)} of {length} bytes)")
+        view = memoryview(data)
+        for i in range(a, b):
+            lo = int(offsets[i]) - begin
+            if checksum(view[lo:lo + int(sizes[i])]) != expected[i]:
+                raise FanfsError(f"blob {int(blobs[i])}: checksum mismatch in the shared store (run 'fanfs verify' on it)")
+        written = 0
+        while written < length:
+            written += os.pwrite(dst_fd, view[written:], begin + written)
+        advance(length)
+
+
+def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, advance: Any) -> int:
+    """Make the local copy of one shard hold ``part`` intact; returns the bytes copied (0: it was)."""
+    name = shard_name(part.shard)
+    dst = os.path.join(local_dir, name)
+    size = int(index.shard_size[part.shard])
+    src_fd = open_regular(os.path.join(store_root, SHARD_DIR, name))
     try:
-        with open(src, "rb", buffering=0) as fin, open(tmp, "wb", buffering=0) as fout:
-            for block in read_blocks(fin):
-                digest.update(block)
-                fout.write(block)
-                advance(len(block))
-            fout.flush()
-            os.fsync(fout.fileno())
-        if digest.intdigest() != expected:
+        header = os.pread(src_fd, SHARD_HEADER.size, 0)
+        try:
+            fd = os.open(dst, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = -1
+        if fd >= 0:  # a copy from an earlier run: mend what is not intact
+            try:
+                if os.fstat(fd).st_size == size and os.pread(fd, SHARD_HEADER.size, 0) == header:
+                    bad = _bad_blobs(fd, part, index)
+                    if bad.size:
+                        _copy_blobs(src_fd, fd, part, bad, index, advance)
+                        os.fsync(fd)
+                    return int(part.sizes[bad].sum())
+            finally:
+                os.close(fd)
+        tmp = dst + ".tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            os.pwrite(fd, header, 0)
+            _copy_blobs(src_fd, fd, part, np.arange(part.blobs.size), index, advance)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
             os.unlink(tmp)
-            return f"{src}: checksum mismatch in the shared store (run 'fanfs verify' on it)"
+            raise
+        os.close(fd)
         os.replace(tmp, dst)
-    except OSError as err:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        return f"{dst}: {err.strerror or err}"
-    return None
+        return part.nbytes
+    finally:
+        os.close(src_fd)
 
 
 def stage(store_root: str, local_dir: str, replicas: int, world: World, index: Index, *,
           progress: bool = True) -> StageReport | None:
-    """Collective: stage this node's shards into ``local_dir``; rank 0 gets the job's report, others None."""
+    """Collective: stage this node's blobs into ``local_dir``; rank 0 gets the job's report, others None."""
     started = time.monotonic()
-    placement: Placement = place(index.shard_size, world.size, replicas)
-    sizes, checksums = index.shard_size, index.shard_checksum
+    placement: Placement = place(index.blob_stored, world.size, replicas)
     report = NodeReport(world.rank)
-    todo: list[int] = []
+    parts: list[ShardPart] = []
     error = None
     try:
         make_local_dir(local_dir)
-        for shard in placement.shards_of(world.rank).tolist():
-            report.shards += 1
-            if intact(os.path.join(local_dir, shard_name(shard)), int(sizes[shard]), int(checksums[shard])):
-                report.skipped_bytes += int(sizes[shard])
-            else:
-                todo.append(shard)
-        need = sum(int(sizes[s]) for s in todo)
-        free = shutil.disk_usage(local_dir).free + sum(_size_or_zero(os.path.join(local_dir, shard_name(s)))
-                                                       for s in todo)
+        parts = held_parts(index, placement, world.rank)
+        report.shards = len(parts)
+        need = sum(p.nbytes for p in parts if not _present(local_dir, p, index))
+        free = shutil.disk_usage(local_dir).free
         if need > free:
-            error = (f"{local_dir} has {human_size(free)} free but this node needs {human_size(need)} more for its "
-                     f"{len(todo)} shards ({placement.replicas} replicas): use more nodes, fewer replicas or a bigger disk")
-    except OSError as err:
-        error = f"{local_dir}: {err.strerror or err}"
+            error = (f"{local_dir} has {human_size(free)} free but this node needs {human_size(need)} for its "
+                     f"share of the store ({placement.replicas} replicas): use more nodes, fewer replicas or a bigger disk")
+    except (OSError, FanfsError) as err:
+        error = f"{local_dir}: {getattr(err, 'strerror', None) or err}"
     world.agree(error)  # before any copying: a full disk anywhere stops the whole job
 
-    total = sum(world.allgather(sum(int(sizes[s]) for s in todo)))
+    total = sum(world.allgather(sum(p.nbytes for p in parts)))
     bar = JobProgress(world, total, progress)
     copy_started = time.monotonic()
+    done = 0
 
     def advance(n: int) -> None:
-        report.copied_bytes += n
-        bar.update(report.copied_bytes)
+        nonlocal done
+        done += n
+        bar.update(done)
 
-    for shard in todo:
-        problem = _copy(os.path.join(store_root, SHARD_DIR, shard_name(shard)),
-                        os.path.join(local_dir, shard_name(shard)), int(checksums[shard]), advance)
-        if problem:
-            report.problems.append(problem)
-        else:
-            report.copied_shards += 1
+    for part in parts:
+        try:
+            copied = stage_part(store_root, local_dir, part, index, advance)
+        except (OSError, FanfsError) as err:
+            report.problems.append(f"shard {shard_name(part.shard)}: {getattr(err, 'strerror', None) or err}")
+            continue
+        report.copied_bytes += copied
+        report.skipped_bytes += part.nbytes - copied
+        report.copied_shards += bool(copied)
+        done += part.nbytes - copied
+        bar.update(done)
     report.seconds = time.monotonic() - copy_started
-    bar.update(report.copied_bytes, final=True)
+    bar.update(done, final=True)
     bar.close()
     reports: list[NodeReport] = world.allgather(report)
     world.agree("; ".join(report.problems) or None)
     return StageReport(reports, placement.replicas, time.monotonic() - started) if world.rank == 0 else None
+
+
+def _present(local_dir: str, part: ShardPart, index: Index) -> bool:
+    """Whether a local copy of the shard exists at its full size (its blobs are checked while staging)."""
+    try:
+        return os.stat(os.path.join(local_dir, shard_name(part.shard))).st_size == int(index.shard_size[part.shard])
+    except OSError:
+        return False
 
 
 def make_local_dir(path: str) -> None:
@@ -219,10 +304,3 @@ def make_local_dir(path: str) -> None:
     except FileNotFoundError:
         raise OSError(errno.ENOENT, f"{os.path.dirname(path)} does not exist: create it, or pick another "
                       "local directory") from None
-
-
-def _size_or_zero(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
-        return 0

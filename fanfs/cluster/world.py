@@ -55,23 +55,20 @@ class World:
 
     @classmethod
     def detect(cls) -> "World":
-        """Initialise MPI (THREAD_MULTIPLE: a server thread runs beside the FUSE loop) if launched by it."""
+        """Initialise MPI if launched by it (used by the main thread only, for the job's collective steps)."""
         rank, size = launched_ranks()
         if size == 1:
             return cls()
         import mpi4py
-        mpi4py.rc.thread_level = "multiple"
+        mpi4py.rc.thread_level = "single"
+        mpi4py.rc.finalize = False  # finalising with a dead peer can block: only done where every rank is known alive
         from mpi4py import MPI
+        MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)  # an MPI error is an exception here, never an abort
         world = cls(MPI.COMM_WORLD)
         if world.rank != rank or world.size != size:
             raise StoreError(f"the launcher says rank {rank} of {size}, MPI says {world.rank} of {world.size}: "
                              "use the MPI library fanfs was installed with (srun: --mpi=pmi2)")
         return world
-
-    @property
-    def threads_ok(self) -> bool:
-        from mpi4py import MPI
-        return self.comm is None or MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
     def dup(self) -> Any:
         """A private communicator (collective: every rank calls it in the same order)."""
@@ -91,6 +88,10 @@ class World:
     def allgather(self, value: Any) -> list[Any]:
         return [value] if self.comm is None else self.comm.allgather(value)
 
+    def bcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        return value if self.comm is None else self.comm.bcast(value)
+
     def agree(self, error: str | None) -> None:
         """Collective: raise the same StoreError on every rank if any rank failed, so none waits forever."""
         failed = [(rank, e) for rank, e in enumerate(self.allgather(error)) if e]
@@ -99,12 +100,8 @@ class World:
                 raise StoreError(failed[0][1])
             raise StoreError("; ".join(f"rank {rank}: {e}" for rank, e in failed))
 
-    def abort(self, code: int) -> None:
-        """Take the whole job down (a peer that never answers the shutdown)."""
-        if self.comm is not None:
-            self.comm.Abort(code)
-
     def finalize(self) -> None:
+        """End MPI for this process (collective: only where every rank is alive and calls it too)."""
         if self.comm is not None:
             from mpi4py import MPI
             if not MPI.Is_finalized():

@@ -11,7 +11,10 @@ thread, never the loop's), so a switch reaches every name within moments, while 
 keep their bytes.  Nothing is torn, however slow the invalidation: there is no window to race in.
 
 ``open`` answers ENOSYS (the kernel then keeps page caches and sends no open/release), so reads carry
-no per-open state.  The loop is single-threaded (multithreaded Python daemons fight over the GIL).
+no per-open state.  The loop is single-threaded (multithreaded Python daemons fight over the GIL) and
+never waits on the network: a read of a file whose blobs are not all on this node (a job mount) is
+handed to a small pool of worker threads that reply when the bytes have come, while the loop goes on
+serving the next request.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +41,39 @@ VIEW_SHIFT = 32
 ENTRY_MASK = (1 << VIEW_SHIFT) - 1
 SETTLE_SECONDS = 0.2
 """After a switch, names whose lookup was in flight are invalidated again once this long has passed."""
+WORKERS = 8
+"""Threads answering reads that wait on a peer (each mostly blocked in a socket, not on the GIL)."""
+
+
+class Deferred:
+    """Worker threads that answer read requests the loop hands over, replying to the kernel themselves."""
+
+    def __init__(self, store: Store, workers: int = WORKERS) -> None:
+        self.store = store
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name="fanfs-read", daemon=True) for _ in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
+        self._jobs.put((req, entry, view, size, offset))
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            req, entry, view, size, offset = job
+            try:
+                data = self.store.read(entry, offset, size, view)
+            except OSError as err:
+                ll.reply_err(req, err.errno or errno.EIO)
+            except Exception:
+                log.exception("read failed")
+                ll.reply_err(req, errno.EIO)
+            else:
+                ll.reply_buf(req, data, len(data))
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
 
 
 class FanfsFS:
@@ -64,6 +101,7 @@ class FanfsFS:
         self._negative = ll.EntryParam(ino=0, attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
         self._attr = ll.Stat()
         self._dirent = ll.Stat()
+        self._deferred: Deferred | None = None  # started with the first read that needs it
         totals = store.meta["totals"]
         self._statfs = ll.StatVfs(f_bsize=4096, f_frsize=4096, f_blocks=-(-totals["bytes_presented"] // 4096),
                                   f_files=totals["entries"], f_namemax=255)
@@ -132,8 +170,17 @@ class FanfsFS:
 
     def read(self, req: int, ino: int, size: int, offset: int) -> None:
         entry, view = self._decode(ino)
+        if not self.store.is_local(entry):  # a peer must answer: never in the loop
+            if self._deferred is None:
+                self._deferred = Deferred(self.store)
+            self._deferred.submit(req, entry, view or FULL, size, offset)
+            return
         data = self.store.read(entry, offset, size, view or FULL)
         ll.reply_buf(req, data, len(data))
+
+    def close(self) -> None:
+        if self._deferred is not None:
+            self._deferred.close()
 
     def readdir(self, req: int, ino: int, size: int, offset: int) -> None:
         entry, _ = self._decode(ino)
@@ -207,12 +254,13 @@ INVALIDATE_DELAY = float(os.environ.get("FANFS_DEBUG_INVALIDATE_DELAY", "0") or 
 def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False) -> int:
     """Mount and serve until unmounted or signalled; returns 0 or the signal that ended the loop."""
     fsname = "fanfs:" + os.path.abspath(store.root).replace("\\", "\\\\").replace(",", "\\,")
-    options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs", "auto_unmount"]
+    options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs"]
     if allow_other:
         options.append("allow_other")
     session = ll.Session(fs, mountpoint, options, debug=debug)
     try:
         return session.loop()
     finally:
+        fs.close()
         session.close()
 

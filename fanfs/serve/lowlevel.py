@@ -194,6 +194,7 @@ class Session:
 
     def loop(self) -> int:
         """Mount and serve; returns 0 after an unmount, or the number of the signal that ended the loop."""
+        _close_on_exec()
         if _lib.fuse_session_mount(self._se, os.fsencode(self.mountpoint)) != 0:
             raise OSError(errno.EIO, f"cannot mount at {self.mountpoint} (see the log for libfuse's reason)")
         self._mounted = True
@@ -220,6 +221,23 @@ class Session:
         if self._se:
             _lib.fuse_session_destroy(self._se)
             self._se = None
+
+
+def _close_on_exec() -> None:
+    """Let no descriptor of this process reach libfuse's auto-unmount helper (``fusermount3``, forked and
+    exec'd at mount, outliving a daemon that dies).
+
+    Descriptors a launcher passed in (an MPI job's PMI socket, its stdio sockets, the MPI library's
+    own) are inheritable; held open by the helper after the daemon died, they made MPICH's launcher
+    take the dead rank for a hung one and kill every other node's daemon.
+    """
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass
 
 
 def reply_entry(req: int, param: EntryParam) -> None:

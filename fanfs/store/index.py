@@ -68,6 +68,7 @@ class Index:
         serve from, and a crafted one is refused with one line naming what is wrong.
         """
         self.meta, columns, self.nbytes = read_index(path, data)
+        self.data = data  # the bytes it was given (a job's rank hands them to its daemon), else None
         check_schema(columns)
         for name, column in columns.items():
             setattr(self, name, column)

@@ -14,7 +14,7 @@ import logging
 import os
 import stat as statmod
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,8 +62,11 @@ class Store:
     """An opened store.  ``sources`` default to the store's own shard directory."""
 
     def __init__(self, root: str, *, cache_size: int = 1 << 30, sources: Sequence[ShardSource] | None = None,
-                 check_shards: bool = True, index: Index | None = None) -> None:
-        """``index``: the store's index already loaded (a cluster node receives it broadcast)."""
+                 check_shards: bool = True, index: Index | None = None,
+                 is_local: Callable[[int], bool] | None = None) -> None:
+        """``index``: the store's index already loaded (a cluster node receives it broadcast).
+        ``is_local(entry)``: whether a file's blobs are all on this node (a job node's placement); by
+        default every file is."""
         self.root = root
         if not os.path.isdir(root):
             raise StoreError(f"{root}: no such store directory")
@@ -87,6 +90,7 @@ class Store:
         self._type, self._record, self._shard = ix.type, ix.record, ix.shard
         self._raw, self._stored, self._offset = ix.blob_raw, ix.blob_stored, ix.blob_offset
         self._reported: dict[int, float] = {}
+        self.is_local: Callable[[int], bool] = is_local or (lambda entry: True)
 
     # --- metadata -------------------------------------------------------------------------------
 
@@ -157,7 +161,7 @@ class Store:
         problems = []
         for source in self.sources:
             try:
-                data = source.read(shard, offset, length)
+                data = source.read(blob, shard, offset, length)
             except NotHeld:
                 continue
             except (OSError, FanfsError) as err:  # e.g. a shard gone, cut short, or replaced by a FIFO

@@ -1,9 +1,9 @@
 """Shard sources: somewhere a store's shard bytes can be read from.
 
-The store asks its sources in order (the local shard directory first; in a job, the peers that hold a
-shard, then the shared store) and checks every copy against the index, so a source only has to
-return bytes or raise: ``NotHeld`` when it does not hold them by design (another node does), OSError
-or StoreError when it should have and failed.
+The store asks its sources in order for one blob at a time (the local shard directory first; in a job,
+the peers that hold the blob) and checks every copy against the index, so a source only has to return
+bytes or raise: ``NotHeld`` when it does not hold them by design (another node does), OSError or a
+FanfsError when it should have and failed.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ class ShardSource:
 
     name = "source"
 
-    def read(self, shard: int, offset: int, length: int) -> bytes:
+    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        """The stored bytes of ``blob``: ``length`` bytes at ``offset`` of ``shard``."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -62,7 +63,7 @@ class LocalShards(ShardSource):
                     self._fds[shard] = fd
         return fd
 
-    def read(self, shard: int, offset: int, length: int) -> bytes:
+    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
         return os.pread(self._fd(shard), length, offset)
 
     def close(self) -> None:

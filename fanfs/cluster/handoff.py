@@ -1,0 +1,95 @@
+"""A job node's two processes: the rank the launcher started, and the daemon that serves.
+
+The launcher (mpiexec, srun) tracks, signals and may kill the rank's process group: MPICH's Hydra kills
+every survivor's group when one rank dies abnormally, whatever ``-disable-auto-cleanup`` says (measured:
+README "Many nodes").  So the daemon that serves the mount runs in a child forked *before* MPI is
+initialised, in a session of its own: the launcher's kill of the rank does not reach it, and it never
+holds MPI state (forking an MPI process is unsafe).  The rank does the job's collective start over MPI,
+hands the daemon what it needs through a socket pair, then only waits for it, passing SIGTERM, SIGINT
+and SIGHUP on (so ``scancel`` and Ctrl-C still end it) and exiting with its status (so the launcher
+still sees a node whose daemon died).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any
+
+_LENGTH = struct.Struct("<Q")
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def send(sock: socket.socket, message: Any) -> None:
+    data = pickle.dumps(message, protocol=5)
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def recv(sock: socket.socket) -> Any:
+    """The next message, or None if the other process went away."""
+    head = _recv_exactly(sock, _LENGTH.size)
+    if head is None:
+        return None
+    data = _recv_exactly(sock, _LENGTH.unpack(head)[0])
+    return None if data is None else pickle.loads(data)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            return None
+        got += k
+    return bytes(buf)
+
+
+class Handoff:
+    """The rank's side: the forked daemon's pid and the socket to it."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self.sock = sock
+
+    @classmethod
+    def spawn(cls, daemon_main: Callable[[socket.socket], int]) -> "Handoff":
+        """Fork the daemon (call this before MPI is initialised); it runs ``daemon_main(sock)`` and exits."""
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            code = 1
+            try:
+                os.setsid()  # out of the launcher's process group
+                code = daemon_main(theirs)
+            finally:
+                os._exit(code)
+        theirs.close()
+        return cls(pid, ours)
+
+    def send(self, message: Any) -> None:
+        send(self.sock, message)
+
+    def recv(self) -> Any:
+        return recv(self.sock)
+
+    def wait(self) -> int:
+        """Wait for the daemon to end, passing stop signals on; its exit code (negative: the signal it died of)."""
+        for sig in _FORWARDED:
+            signal.signal(sig, lambda signum, frame: self._forward(signum))
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # Hydra's notice of a peer's death: not ours to act on
+        _, status = os.waitpid(self.pid, 0)
+        self.sock.close()
+        return os.waitstatus_to_exitcode(status)
+
+    def _forward(self, signum: int) -> None:
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass

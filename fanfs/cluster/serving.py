@@ -1,0 +1,130 @@
+"""The serving side of a job node: the daemon (forked by the rank, :mod:`.handoff`) that mounts the store
+and serves its blobs to peers over TCP, once the rank has handed it the job's plan.
+
+Shutdown of the job: when this node's FUSE loop ends (``fanfs umount``, SIGTERM), it tells every peer
+BYE; a peer receiving BYE lazily unmounts its own mount point, so its loop ends and it says BYE in turn.
+A dead peer refuses the BYE at once and a stopped one costs a second: nobody waits for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import FanfsError
+from ..serve.control import MountLock
+from ..serve.daemon import MountOptions, start
+from ..store import Store
+from ..store.format import INDEX_NAME
+from ..store.index import Index
+from ..store.sources import LocalShards
+from . import handoff
+from .peer import HeldBlobs, PeerClient, PeerServer, listen, peer_host, remote_sources
+from .placement import place
+
+log = logging.getLogger("fanfs")
+
+
+@dataclass
+class Plan:
+    """What the rank hands its daemon once the job's collective start is done."""
+
+    store_root: str
+    index: bytes
+    rank: int
+    nodes: int
+    endpoints: list[tuple[str, int]]
+    secret: bytes
+    options: MountOptions
+
+
+class Stopper:
+    """Ends this node's FUSE loop from another thread, once the loop serves (lazy unmount)."""
+
+    def __init__(self, mountpoint: str) -> None:
+        self.mountpoint = mountpoint
+        self._lock = threading.Lock()
+        self._serving = self._requested = False
+
+    def serving(self) -> None:
+        with self._lock:
+            self._serving = True
+            if self._requested:
+                self._unmount()
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            if self._requested:
+                return
+            self._requested = True
+            log.info("job ending (%s): unmounting %s", reason, self.mountpoint)
+            if self._serving:
+                self._unmount()
+
+    def ended(self) -> None:
+        with self._lock:
+            self._serving = False
+            self._requested = True  # nothing left to stop
+
+    def _unmount(self) -> None:
+        # In a thread of its own: the caller may be the FUSE loop itself, which fusermount may query.
+        tool = shutil.which("fusermount3") or shutil.which("fusermount") or "umount"
+        command = [tool, "-u", "-z", self.mountpoint] if "fusermount" in tool else [tool, "-l", self.mountpoint]
+        threading.Thread(target=subprocess.run, args=(command,), kwargs={"capture_output": True},
+                         name="fanfs-unmount", daemon=True).start()
+
+
+def daemon_main(sock: socket.socket, mountpoint: str, lock: MountLock) -> int:
+    """The forked daemon: open the peer listener, report its address, wait for the plan, serve."""
+    try:
+        listener = listen(peer_host())
+    except (OSError, FanfsError) as err:
+        handoff.send(sock, ("error", f"cannot serve peers: {getattr(err, 'strerror', None) or err}"))
+        return 1
+    handoff.send(sock, ("address", listener.getsockname()[:2]))
+    plan: Plan | None = handoff.recv(sock)
+    if plan is None:  # the job failed before serving (the rank says why)
+        return 1
+    serve_job(plan, mountpoint, listener, lock)
+    return 0
+
+
+def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, lock: MountLock) -> None:
+    """Serve this node's mount, and its blobs to peers, until the job ends."""
+    options = plan.options
+    assert options.local_dir is not None
+    index = Index(f"{plan.store_root}/{INDEX_NAME}", data=plan.index)
+    placement = place(index.blob_stored, plan.nodes, options.replicas)
+    store_id = bytes.fromhex(index.meta["store_id"])
+    rank = plan.rank
+    stopper = Stopper(mountpoint)
+    server = PeerServer(listener, index, placement, rank, LocalShards(options.local_dir, store_id), plan.secret,
+                        store_id, on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
+    local = HeldBlobs(options.local_dir, store_id, placement, rank)
+    client = PeerClient(plan.endpoints, rank, plan.secret, store_id, options.peer_timeout)
+    remotes = remote_sources(client, placement)
+    first, count = index.first, index.count
+    store = Store(plan.store_root, cache_size=options.cache_size, sources=[local, *remotes], check_shards=False,
+                  index=index, is_local=lambda entry: placement.holds_range(rank, int(first[entry]), int(count[entry])))
+
+    def stats() -> dict[str, Any]:
+        by_source = store.stats.by_source
+        return {"cluster": {"rank": rank, "nodes": placement.nodes, "replicas": placement.replicas,
+                            "local_blobs": int(placement.node_blobs[rank]),
+                            "local_bytes": by_source.get(local.name, 0),
+                            "remote_bytes": sum(by_source.get(r.name, 0) for r in remotes),
+                            **client.stats(), **server.stats()}}
+
+    server.start()
+    try:
+        start(store, mountpoint, options, lock=lock, on_ready=stopper.serving, extra_stats=stats)
+    finally:
+        stopper.ended()
+        client.say_bye()
+        server.close()
+        server.local.close()
