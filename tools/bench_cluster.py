@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""Many nodes on one host: staging speed, reads through one mount with local vs remote shards, remote latency.
+"""Many nodes on one host (``mpiexec -disable-auto-cleanup -n R``, every rank a "node" with its own dirs).
 
-Builds distinct real-photo JPEGs of about 110 KB on a tmpfs, packs them, then for each rank count
-(``mpiexec -n R``, every rank a "node" with its own local dir and mount point):
+Real-photo JPEGs of about 110 KB (and a small tree of ~28 KB ones) packed with fanfs's defaults, then:
 
-* staging: ``fanfs stage`` of every shard once (replicas 1), job MB/s and the slowest node's MB/s,
-  against one ``cp`` of the same shard files;
-* reads through rank 0's freshly mounted file system by 4 reader processes, every file once: with
-  ``--replicas R`` (every node holds every shard: all local) and with ``--replicas 1`` (rank 0 holds
-  1/R of the bytes: the rest comes from peers over MPI);
-* remote latency: the mean and max of rank 0's remote requests during that pass (one request per
-  file: each file is one blob), and the median time to open and read one remote file, one at a time.
+* spread: bytes each node stages (``fanfs stage``, replicas 1) for 3 and 4 ranks and two dataset
+  sizes, the worst node against the mean, and staging speed against one ``cp`` of the shard files;
+* reads through rank 0's fresh mount by 4 reader processes, every file once: all local (replicas =
+  ranks) against two thirds remote (3 ranks, replicas 1);
+* a stopped peer (3 ranks, replicas 2): rank 0 reads the files it holds whole, with no peer stopped and
+  with rank 2's daemon SIGSTOPped while 4 more readers keep rank 0's workers waiting on it;
+* a dead peer: after kill -9 of rank 2's daemon, how long until rank 0 has read a file whose first
+  holder was rank 2 (served by the replica).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -31,29 +31,42 @@ from pathlib import Path
 from typing import Any
 
 import benchlib as bl
+import numpy as np
 
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 READERS = 4
 
 
 def _read(path: str) -> int:
-    with open(path, "rb") as f:
-        return len(f.read())
+    try:
+        with open(path, "rb") as f:
+            return len(f.read())
+    except OSError:
+        return -1
 
 
 def mpi_fanfs(ranks: int, *args: str | os.PathLike) -> list[str]:
-    return [MPIEXEC, "-n", str(ranks), *bl.FANFS, *map(str, args)]
+    return [MPIEXEC, "-disable-auto-cleanup", "-n", str(ranks), *bl.FANFS, *map(str, args)]
 
 
-def stage(store: Path, base: Path, ranks: int) -> dict[str, float]:
+def make_tree(src: Path, files: int, size: int) -> list[str]:
+    for i, data in enumerate(bl.make_jpegs(files, size)):
+        (src / f"c{i % 20:02d}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 20:02d}" / f"{i:05d}.jpg").write_bytes(data)
+    rels = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg"))
+    np.random.default_rng(0).shuffle(rels)
+    return rels
+
+
+def stage(store: Path, base: Path, ranks: int, replicas: int = 1) -> dict[str, Any]:
     started = time.perf_counter()
-    report = json.loads(bl.run(mpi_fanfs(ranks, "stage", store, base / "local{rank}", "--quiet", "--json"),
-                               timeout=600).stdout)
+    report = json.loads(bl.run(mpi_fanfs(ranks, "stage", store, base / "local{rank}", "--replicas", replicas,
+                                         "--quiet", "--json"), timeout=600).stdout)
     wall = time.perf_counter() - started
-    copied = sum(n["copied_bytes"] for n in report["nodes"])
-    return {"job MB/s": copied / report["seconds"] / 1e6, "slowest node MB/s":
-            min(n["copied_bytes"] / n["seconds"] for n in report["nodes"]) / 1e6,
-            "wall s (with mpiexec start)": wall}
+    per_node = [n["copied_bytes"] for n in report["nodes"]]
+    return {"per node MB": [round(b / 1e6, 2) for b in per_node],
+            "worst vs mean": max(abs(b / np.mean(per_node) - 1) for b in per_node),
+            "job MB/s": sum(per_node) / report["seconds"] / 1e6, "wall s": wall}
 
 
 def cp_rate(store: Path, dst: Path) -> float:
@@ -72,14 +85,17 @@ def job(store: Path, base: Path, ranks: int, replicas: int) -> Iterator[list[Pat
         mnt.mkdir(exist_ok=True)
     log = open(base / "job.log", "w")
     proc = subprocess.Popen(mpi_fanfs(ranks, "mount", store, base / "mnt{rank}", "--local-dir", base / "local{rank}",
-                                      "--replicas", str(replicas), "--stage", "--foreground"),
+                                      "--replicas", str(replicas), "--peer-timeout", "2", "--stage", "--foreground"),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         for mnt in mounts:
             bl.run([*bl.FANFS, "wait", mnt, "--timeout", "120"], timeout=150)
         yield mounts
     finally:
-        subprocess.run([*bl.FANFS, "umount", mounts[0]], capture_output=True, timeout=60)
+        for mnt in mounts:
+            if os.path.ismount(mnt):
+                subprocess.run([*bl.FANFS, "umount", mnt], capture_output=True, timeout=60)
+                break
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -94,86 +110,108 @@ def job(store: Path, base: Path, ranks: int, replicas: int) -> Iterator[list[Pat
             shutil.rmtree(base / f"local{rank}", ignore_errors=True)
 
 
-def read_pass(mnt: Path, rels: list[str]) -> tuple[float, float]:
-    """(files/s, MB/s) of every file read once by READERS processes."""
+def read_pass(mnt: Path, rels: list[str], readers: int = READERS) -> float:
+    """files/s of every file read once by ``readers`` processes."""
     paths = [str(mnt / rel) for rel in rels]
     started = time.perf_counter()
-    with ProcessPoolExecutor(READERS) as pool:
-        total = sum(pool.map(_read, paths, chunksize=16))
+    with ProcessPoolExecutor(readers) as pool:
+        sizes = list(pool.map(_read, paths, chunksize=8))
     seconds = time.perf_counter() - started
-    return len(paths) / seconds, total / seconds / 1e6
+    assert min(sizes) >= 0, "a read failed"
+    return len(paths) / seconds
 
 
-def remote_files(store: Path, rels: list[str], ranks: int) -> list[str]:
-    """Files whose shard rank 0 does not hold with one replica."""
-    from fanfs.store.index import Index
+def holders(store: Path, rels: list[str], ranks: int, replicas: int) -> dict[str, set[int]]:
+    """The nodes holding every blob of each file."""
     from fanfs.cluster.placement import place
+    from fanfs.store.index import Index
     index = Index(str(store / "index"))
-    held = place(index.shard_size, ranks, 1).holds(0)
-    return [rel for rel in rels if not held[int(index.shard[index.lookup(rel.encode())])]]
-
-
-def one_by_one_ms(mnt: Path, rels: list[str]) -> float:
-    times = []
+    placement = place(index.blob_stored, ranks, replicas)
+    out = {}
     for rel in rels:
-        started = time.perf_counter()
-        _read(str(mnt / rel))
-        times.append((time.perf_counter() - started) * 1e3)
-    return bl.median(times)
-
-
-def stats(mnt: Path) -> dict[str, Any]:
-    return json.loads(bl.run([*bl.FANFS, "stats", mnt, "--json"]).stdout)["cluster"]
+        entry = index.lookup(rel.encode())
+        first, count = int(index.first[entry]), int(index.count[entry])
+        out[rel] = set.intersection(*(set(placement.holders(b)) for b in range(first, first + count)))
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bl.common_args(parser)
     parser.add_argument("--files", type=int, default=2000, help="JPEGs of ~110 KB (default 2000)")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[3, 4], help="rank counts (default 3 4)")
-    parser.add_argument("--shard-size", default="8M", help="pack shard size (default 8M)")
+    parser.add_argument("--small", type=int, default=608, help="JPEGs of ~28 KB of the small tree (default 608)")
     args = parser.parse_args()
     results: dict[str, Any] = {"files": args.files, "host cores": os.cpu_count()}
+    print(f"{os.cpu_count()} cores; load {bl.load_average()}", flush=True)
     with bl.temp_dir(args.workdir, "bench-cluster-") as base:
-        src = base / "src"
-        for i, data in enumerate(bl.make_jpegs(args.files, 110_000)):
-            (src / f"c{i % 20:02d}").mkdir(parents=True, exist_ok=True)
-            (src / f"c{i % 20:02d}" / f"{i:05d}.jpg").write_bytes(data)
-        rels = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg"))
-        random.Random(0).shuffle(rels)
-        store = base / "store"
-        bl.run([*bl.FANFS, "pack", src, store, "--shard-size", args.shard_size, "--quiet"])
-        stored = sum(p.stat().st_size for p in (store / "shards").iterdir())
-        print(f"{args.files} JPEGs, {stored / 1e6:.0f} MB stored in {len(list((store / 'shards').iterdir()))} shards; "
-              f"{os.cpu_count()} cores; load {bl.load_average()}", flush=True)
-        stage_rows, read_rows = [], []
-        for ranks in args.ranks:
-            bl.wait_for_quiet()
-            staged = stage(store, base, ranks)
-            for rank in range(ranks):
-                shutil.rmtree(base / f"local{rank}")
-            stage_rows.append([ranks, staged["job MB/s"], staged["slowest node MB/s"], cp_rate(store, base / "cp"),
-                               staged["wall s (with mpiexec start)"]])
-            for replicas in (ranks, 1):
-                with job(store, base, ranks, replicas) as mounts:
-                    files_s, mb_s = read_pass(mounts[0], rels)
-                    s = stats(mounts[0])
-                remote = s["remote_bytes"] / max(1, s["remote_bytes"] + s["local_bytes"])
-                row = [ranks, f"{remote:.0%} remote", files_s, mb_s, "-", "-", "-"]
-                if replicas == 1:
-                    with job(store, base, ranks, replicas) as mounts:  # fresh: nothing cached
-                        one = one_by_one_ms(mounts[0], remote_files(store, rels, ranks)[:200])
-                        t = stats(mounts[0])
-                    row[4:] = [t["remote_latency_mean_ms"], t["remote_latency_max_ms"], one]
-                read_rows.append(row)
-                print(bl.table(["ranks", "through rank 0", "files/s", "MB/s", "remote mean ms", "remote max ms",
-                                "remote file ms"], read_rows[-1:]), flush=True)
-        print("\nstaging (replicas 1, every shard copied once)")
-        print(bl.table(["ranks", "job MB/s", "slowest node MB/s", "cp MB/s", "wall s"], stage_rows))
-        print(f"\nreads through rank 0's mount, {READERS} reader processes, every file once (cold mount)")
-        print(bl.table(["ranks", "through rank 0", "files/s", "MB/s", "remote mean ms", "remote max ms",
-                        "remote file ms"], read_rows))
-        results.update(staging=stage_rows, reads=read_rows)
+        stores, trees = {}, {}
+        for name, files, size in (("small", args.small, 28_000), ("large", args.files, 110_000)):
+            src = base / f"src-{name}"
+            trees[name] = make_tree(src, files, size)
+            stores[name] = base / f"store-{name}"
+            bl.run([*bl.FANFS, "pack", src, stores[name], "--quiet"])  # fanfs's defaults
+        spread = []
+        for name, store in stores.items():
+            stored = sum(p.stat().st_size for p in (store / "shards").iterdir())
+            for ranks in (3, 4):
+                row = stage(store, base, ranks)
+                spread.append([name, len(trees[name]), f"{stored / 1e6:.1f}", len(list((store / "shards").iterdir())),
+                               ranks, " / ".join(f"{b:.2f}" for b in row["per node MB"]),
+                               f"{100 * row['worst vs mean']:.1f}%", f"{row['job MB/s']:.0f}"])
+                for rank in range(ranks):
+                    shutil.rmtree(base / f"local{rank}", ignore_errors=True)
+        cp = cp_rate(stores["large"], base / "cp")
+        print("\nstaged bytes per node (replicas 1; fanfs's default pack of each tree)")
+        print(bl.table(["tree", "files", "stored MB", "shards", "ranks", "MB per node", "worst vs mean", "job MB/s"],
+                       spread))
+        print(f"(one cp -r of the large store's shards: {cp:.0f} MB/s)")
+        results["spread"] = spread
+
+        store, rels = stores["large"], trees["large"]
+        with job(store, base, 3, 3) as mounts:
+            all_local = read_pass(mounts[0], rels)
+        with job(store, base, 3, 1) as mounts:
+            remote_share = np.mean([0 not in h for h in holders(store, rels, 3, 1).values()])
+            two_thirds = read_pass(mounts[0], rels)
+        print(f"\nreads through rank 0's fresh mount, {READERS} reader processes, every file once")
+        print(bl.table(["ranks", "replicas", "remote share", "files/s", "vs all local"],
+                       [[3, 3, "0%", f"{all_local:,.0f}", "1.00"],
+                        [3, 1, f"{remote_share:.0%}", f"{two_thirds:,.0f}", f"{two_thirds / all_local:.2f}"]]))
+        results["reads"] = {"all_local": all_local, "two_thirds_remote": two_thirds, "remote_share": remote_share}
+
+        held = holders(store, rels, 3, 2)
+        local = [r for r in rels if 0 in held[r]]
+        via_2 = [r for r in rels if 0 not in held[r] and 2 in held[r]]
+        half = len(local) // 2
+        with job(store, base, 3, 2) as mounts:
+            normal = read_pass(mounts[0], local[:half])
+            stopped = bl.daemon_pid(mounts[2])
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                waiting = threading.Thread(target=read_pass, args=(mounts[0], via_2[:200], 4))
+                waiting.start()
+                time.sleep(0.3)
+                with_stop = read_pass(mounts[0], local[half:])
+                waiting.join(300)
+            finally:
+                os.kill(stopped, signal.SIGCONT)
+        print(f"\nlocal files/s through rank 0 (3 ranks, replicas 2): {normal:,.0f} with every peer up, {with_stop:,.0f} "
+              f"with rank 2 stopped and 4 readers waiting on it: {with_stop / normal:.2f}x (goal >= 0.80)")
+        results["stopped_peer"] = {"normal": normal, "with_stop": with_stop, "ratio": with_stop / normal}
+
+        with job(store, base, 3, 2) as mounts:
+            victim = bl.daemon_pid(mounts[2])
+            probe = via_2[200:220]
+            os.kill(victim, signal.SIGKILL)
+            died = time.perf_counter()
+            size = _read(str(mounts[0] / probe[0]))
+            first = time.perf_counter() - died
+            rest = [(time.perf_counter(), _read(str(mounts[0] / r))) for r in probe[1:]]
+            assert size > 0 and all(s > 0 for _, s in rest)
+        print(f"\ndead peer: kill -9 of rank 2's daemon -> rank 0 read a file rank 2 held first in {first * 1e3:.1f} ms "
+              f"(served by the replica); {len(probe)} such files, none failed")
+        results["dead_peer_first_read_ms"] = first * 1e3
+    print(f"\nload after: {bl.load_average()}")
     bl.write_json(args.json, results)
     return 0
 
