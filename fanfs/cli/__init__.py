@@ -18,7 +18,10 @@ def entry() -> None:
     interpreter's own shutdown short (CPython restores the default SIGINT action for it), turning a
     finished command's status into "killed": so it is ignored from then on.
     """
-    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    try:
+        signal.signal(signal.SIGINT, _interrupted_while_starting)
+    except KeyboardInterrupt:  # it landed just before our handler took over
+        _interrupted_while_starting(signal.SIGINT, None)
     from .main import main
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)

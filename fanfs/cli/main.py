@@ -33,7 +33,7 @@ typical use:
 def build_parser() -> "argparse.ArgumentParser":
     import argparse
 
-    from . import build, inspect, serve
+    from . import build, inspect, job, serve
     parser = argparse.ArgumentParser(prog="fanfs", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"fanfs {__version__}")
@@ -47,6 +47,7 @@ def build_parser() -> "argparse.ArgumentParser":
     build.add_commands(command)
     serve.add_commands(command)
     inspect.add_commands(command)
+    job.add_commands(command)
     return parser
 
 
@@ -62,17 +63,24 @@ def one_line(err: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     import signal
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on a Ctrl-C is a KeyboardInterrupt
+    interrupts: list[int] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        interrupts.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)  # from here on a Ctrl-C is a KeyboardInterrupt
     try:
         args = build_parser().parse_args(argv)
         code = args.func(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then handled below
         return code
     except KeyboardInterrupt:
-        import signal
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean exit short
-        print("fanfs: interrupted; nothing was left half-done", file=sys.stderr)
-        return 130
+        return _interrupted()
+    except ImportError:
+        if interrupts:  # a Ctrl-C inside an extension's import (numpy's) comes out as an ImportError
+            return _interrupted()
+        raise
     except BrokenPipeError:
         # the reader went away (``| head``): say nothing, and keep the interpreter's final flush quiet too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -81,3 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fanfs: error: {one_line(err)}", file=sys.stderr)
         return 1
 
+
+def _interrupted() -> int:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean exit short
+    print("fanfs: interrupted; nothing was left half-done", file=sys.stderr)
+    return 130
