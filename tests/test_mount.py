@@ -192,8 +192,9 @@ def test_umount_and_signals(torture, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     try:
-        done = fanfs("umount", mnt, check=False)
-        assert done.returncode == 1 and "nothing is mounted" in done.stderr
+        assert "not mounted" in fanfs("umount", mnt).stdout  # ended already: nothing to do, no error
+        done = fanfs("umount", tmp_path / "typo", check=False)
+        assert done.returncode == 1 and "typo: no such directory" in done.stderr
         fanfs("mount", store, mnt)
         pids = daemon_pids(mnt)
         assert len(pids) == 1 and os.path.ismount(mnt)
@@ -207,6 +208,28 @@ def test_umount_and_signals(torture, tmp_path):
         fanfs("umount", mnt)
         assert not os.path.ismount(mnt) and not daemon_pids(mnt)
     finally:
+        force_unmount(mnt)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_foreground_mount_ends_cleanly_on_a_stop_signal(torture, tmp_path, sig):
+    """Ctrl-C, kill, a closed terminal: the mount goes and the command exits 0, whatever handlers Python had."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "fanfs", "mount", torture[1], mnt, "--foreground"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (mnt / "empty.dat").exists()
+        proc.send_signal(sig)
+        assert proc.wait(20) == 0
+        assert not os.path.ismount(mnt)
+        assert f"stopped by signal {int(sig)}" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
         force_unmount(mnt)
 
 

@@ -75,8 +75,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def cmd_umount(args: argparse.Namespace) -> int:
     from ..serve.daemon import umount
-    umount(args.mountpoint, lazy=args.lazy)
-    print(f"unmounted {args.mountpoint}")
+    if umount(args.mountpoint, lazy=args.lazy):
+        print(f"unmounted {args.mountpoint}")
+    else:
+        print(f"{args.mountpoint}: not mounted (ended already); nothing to do")
     return 0
 
 
@@ -168,7 +170,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="the report as JSON (per node: bytes copied, seconds)")
 
-    p = command("umount", cmd_umount, "unmount a fanfs mount and wait for its daemon to exit")
+    p = command("umount", cmd_umount, "unmount a fanfs mount and wait for its daemon to exit (a mount that has "
+                "ended already is no error: in a job, the first unmount ends every node's mount)")
     p.add_argument("mountpoint")
     p.add_argument("--lazy", "-z", action="store_true", help="detach now even if files are open")
 

@@ -7,7 +7,8 @@ initialised, in a session of its own: the launcher's kill of the rank does not r
 holds MPI state (forking an MPI process is unsafe).  The rank does the job's collective start over MPI,
 hands the daemon what it needs through a socket pair, then only waits for it, passing SIGTERM, SIGINT
 and SIGHUP on (so ``scancel`` and Ctrl-C still end it) and exiting with its status (so the launcher
-still sees a node whose daemon died).
+still sees a node whose daemon died).  SIGUSR2 is passed on as SIGTERM: it is how ``fanfs job run``
+ends a Slurm job's serve step, since srun turns a SIGTERM of its own into killing the step's tasks.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from ..util.workers import die_with_parent
+
 _LENGTH = struct.Struct("<Q")
-_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT, signal.SIGHUP: signal.SIGHUP,
+              signal.SIGUSR2: signal.SIGTERM}
 
 
 def send(sock: socket.socket, message: Any) -> None:
@@ -58,15 +62,22 @@ class Handoff:
         self.sock = sock
 
     @classmethod
-    def spawn(cls, daemon_main: Callable[[socket.socket], int]) -> "Handoff":
-        """Fork the daemon (call this before MPI is initialised); it runs ``daemon_main(sock)`` and exits."""
+    def spawn(cls, daemon_main: Callable[[socket.socket], int], end_with_rank: bool = False) -> "Handoff":
+        """Fork the daemon (call this before MPI is initialised); it runs ``daemon_main(sock)`` and exits.
+
+        ``end_with_rank``: the daemon gets SIGTERM (and unmounts) if the rank dies, e.g. SIGKILLed, rather
+        than serving on (a Slurm job's serve step: the step is the mount's lifetime).
+        """
         ours, theirs = socket.socketpair()
+        rank = os.getpid()
         pid = os.fork()
         if pid == 0:
             ours.close()
             code = 1
             try:
                 os.setsid()  # out of the launcher's process group
+                if end_with_rank:
+                    die_with_parent(signal.SIGTERM, rank)
                 code = daemon_main(theirs)
             finally:
                 os._exit(code)
@@ -82,7 +93,7 @@ class Handoff:
     def wait(self) -> int:
         """Wait for the daemon to end, passing stop signals on; its exit code (negative: the signal it died of)."""
         for sig in _FORWARDED:
-            signal.signal(sig, lambda signum, frame: self._forward(signum))
+            signal.signal(sig, lambda signum, frame: self._forward(_FORWARDED[signal.Signals(signum)]))
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # Hydra's notice of a peer's death: not ours to act on
         _, status = os.waitpid(self.pid, 0)
         self.sock.close()

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import secrets
+from collections.abc import Callable
 
 from ..errors import FanfsError, StoreError
 from ..records import FULL, check_presentation
@@ -64,18 +65,25 @@ def job_fidelity(world: World, store_root: str, index: Index, min_ssim: float) -
     return int(world.bcast(k))
 
 
-def mount_node(store_root: str, mountpoint: str, options: MountOptions) -> int:
-    """Mount this node's view of the store (collective under a launcher); returns the serving pid."""
+def mount_node(store_root: str, mountpoint: str, options: MountOptions,
+               prepare: Callable[[], None] | None = None) -> int:
+    """Mount this node's view of the store (collective under a launcher); returns the serving pid.
+
+    ``prepare`` runs first, on this node (e.g. making its directories): under a launcher its failure is
+    agreed on like any other, so no node waits for one that will never join.
+    """
     assert options.local_dir is not None
     if launched_ranks()[1] > 1 and not options.foreground:
         raise StoreError("under mpiexec/srun, mount with --foreground (the launcher must see the node's daemon)")
     if options.foreground:
-        setup_logging(None, options.debug)
+        setup_logging(options.debug, options.job_node)
+    if launched_ranks()[1] > 1 or options.job_node is not None:  # a Slurm job's node, even alone: its signals
+        return _mount_in_job(store_root, mountpoint, options, prepare)  # reach this task, which passes them on
+    if prepare is not None:
+        prepare()
     lock = MountLock(mountpoint)
     try:
-        if launched_ranks()[1] == 1:
-            return _mount_alone(store_root, mountpoint, options, lock)
-        return _mount_in_job(store_root, mountpoint, options, lock)
+        return _mount_alone(store_root, mountpoint, options, lock)
     finally:
         lock.release()
 
@@ -101,15 +109,37 @@ def _mount_alone(store_root: str, mountpoint: str, options: MountOptions, lock: 
                  mountpoint, options, lock=lock)
 
 
-def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions, lock: MountLock) -> int:
+def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
+                  prepare: Callable[[], None] | None) -> int:
+    locks: list[MountLock] = []
+
+    def check_node() -> None:
+        if prepare is not None:
+            prepare()
+        locks.append(MountLock(mountpoint))
+        check_mountpoint(mountpoint)
+        if not os.path.isdir(store_root):
+            raise StoreError(f"{store_root}: no such store directory")
+
+    try:
+        error = _problem(check_node)
+        if error is not None:  # this node will not serve: every rank learns why at the first agreement
+            World.detect().agree(error)
+        child = Handoff.spawn(lambda sock: daemon_main(sock, mountpoint, locks[0]),  # before MPI: see .handoff
+                              end_with_rank=options.job_node is not None)
+        return _start_job(child, store_root, options)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
+    """The job's collective start, then wait for this node's daemon until the job ends; its pid."""
     assert options.local_dir is not None
-    error = _problem(lambda: check_mountpoint(mountpoint)) or \
-        (None if os.path.isdir(store_root) else f"{store_root}: no such store directory")
-    child = Handoff.spawn(lambda sock: daemon_main(sock, mountpoint, lock))  # before MPI: see .handoff
     kind, value = child.recv() or ("error", "the serving daemon did not start")
     try:
         world = World.detect()
-        world.agree(error or (value if kind == "error" else None))
+        world.agree(value if kind == "error" else None)
         index = load_index(store_root, world)
         if options.auto_ssim is not None:
             options = _with_fidelity(options, job_fidelity(world, store_root, index, options.auto_ssim))
@@ -144,9 +174,11 @@ def _with_fidelity(options: MountOptions, k: int) -> MountOptions:
     return dataclasses.replace(options, presentation=options.presentation._replace(fidelity=k))
 
 
-def _problem(check) -> str | None:
+def _problem(check: Callable[[], object]) -> str | None:
     try:
         check()
     except FanfsError as err:
         return str(err)
+    except OSError as err:
+        return f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
     return None

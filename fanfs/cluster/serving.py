@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -81,6 +82,11 @@ class Stopper:
 
 def daemon_main(sock: socket.socket, mountpoint: str, lock: MountLock) -> int:
     """The forked daemon: open the peer listener, report its address, wait for the plan, serve."""
+    # The serving loop takes the stop signals over while it runs (fanfs.serve.lowlevel); before it, the
+    # rank ends this process through the socket, and after it a late stop must not cut the goodbyes
+    # short.  USR1/USR2 are a job's notices for its tasks: the rank passes on what is meant for us.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         listener = listen(peer_host())
     except (OSError, FanfsError) as err:

@@ -45,6 +45,10 @@ def expand(path: str, rank: int | None = None) -> str:
     return path.replace("{rank}", str(launched_ranks()[0] if rank is None else rank))
 
 
+class AgreedError(StoreError):
+    """A failure every rank of the job raises alike (:meth:`World.agree`): one rank reporting it is enough."""
+
+
 class World:
     """The ranks of this job: ``comm`` is an mpi4py communicator, or None for a single node."""
 
@@ -97,8 +101,8 @@ class World:
         failed = [(rank, e) for rank, e in enumerate(self.allgather(error)) if e]
         if failed:
             if self.size == 1:
-                raise StoreError(failed[0][1])
-            raise StoreError("; ".join(f"rank {rank}: {e}" for rank, e in failed))
+                raise AgreedError(failed[0][1])
+            raise AgreedError("; ".join(f"rank {rank}: {e}" for rank, e in failed))
 
     def finalize(self) -> None:
         """End MPI for this process (collective: only where every rank is alive and calls it too)."""

@@ -41,6 +41,12 @@ class MountOptions:
     replicas: int = 1
     stage: bool = False
     peer_timeout: float = 5.0
+    # Node NAME of a Slurm job ('fanfs job'): its daemon ends with the task that started it, its log
+    # lines carry the name, and it says on stdout when it serves (fanfs.cluster.job).
+    job_node: str | None = None
+
+
+READY_LINE = "fanfs: ready: {node} serves {mountpoint}"  # what 'fanfs job run' waits for, one per node
 
 
 def check_mountpoint(mountpoint: str) -> None:
@@ -54,7 +60,7 @@ def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
     """Open and check the store here (clear errors), then serve it; returns the daemon's pid."""
     mountpoint = os.path.abspath(mountpoint)
     if options.foreground:
-        setup_logging(None, options.debug)
+        setup_logging(options.debug)
     lock = control.MountLock(mountpoint)
     try:
         check_mountpoint(mountpoint)
@@ -85,7 +91,7 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
             os.setsid()
             os.chdir("/")
             _detach(logfile)
-            warnings = setup_logging(logfile, options.debug)
+            warnings = setup_logging(options.debug)
             run_daemon(store, mountpoint, options, ready_fd=write_end, **hooks)
             if not warnings.count:
                 os.unlink(logfile)  # a clean run leaves no log behind
@@ -117,6 +123,11 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
         log.info("serving %s at %s (pid %d, %s)", store.root, mountpoint, os.getpid(), describe(fs.presentation))
         if ready_fd is not None:
             _report(ready_fd, "ready")
+        if options.job_node is not None:
+            try:
+                print(READY_LINE.format(node=options.job_node, mountpoint=mountpoint), flush=True)
+            except OSError:  # nobody listens any more: the job is ending anyway
+                pass
         if on_ready is not None:
             on_ready()
 
@@ -201,9 +212,11 @@ class _WarningCount(logging.Handler):
         self.count += 1
 
 
-def setup_logging(logfile: str | None, debug: bool) -> _WarningCount:
+def setup_logging(debug: bool, node_name: str | None = None) -> _WarningCount:
+    """Log to stderr (a detached daemon's stderr is its log file), lines tagged with the pid or job node."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s fanfs[{os.getpid()}] %(levelname)s %(message)s"))
+    tag = node_name or os.getpid()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s fanfs[{tag}] %(levelname)s %(message)s"))
     warnings = _WarningCount()
     root = logging.getLogger()
     root.handlers[:] = [handler, warnings]
@@ -220,11 +233,14 @@ def _log_tail(logfile: str) -> str:
     return f"log {logfile}: " + " | ".join(lines) if lines else ""
 
 
-def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> None:
-    """Unmount and wait until the daemon has gone."""
+def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
+    """Unmount and wait until the daemon has gone; False if nothing was mounted there (ended already:
+    a job's mounts all end with its first unmount, so a cleanup on every node must not fail)."""
     mountpoint = os.path.abspath(mountpoint)
+    if not os.path.isdir(mountpoint):
+        raise StoreError(f"{mountpoint}: no such directory")
     if not os.path.ismount(mountpoint):
-        raise StoreError(f"nothing is mounted at {mountpoint}")
+        return False
     try:
         pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
     except (control.ControlError, KeyError, TimeoutError):
@@ -233,6 +249,8 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> None:
     cmd = [tool, "-u", *(["-z"] if lazy else []), mountpoint] if tool else ["umount", mountpoint]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
+        if not os.path.ismount(mountpoint):
+            return False  # it ended meanwhile
         reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cmd[0]} failed"
         if "busy" in reason.lower():
             reason += "; close the files open under it, or use --lazy"
@@ -241,6 +259,7 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.02)
+    return True
 
 
 def _alive(pid: int) -> bool:

@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import platform
+import signal
 import threading
 from collections.abc import Sequence
 from typing import Protocol
@@ -198,11 +199,18 @@ class Session:
         if _lib.fuse_session_mount(self._se, os.fsencode(self.mountpoint)) != 0:
             raise OSError(errno.EIO, f"cannot mount at {self.mountpoint} (see the log for libfuse's reason)")
         self._mounted = True
+        # libfuse takes over only signals left at their default action: Python's own (or a caller's)
+        # handlers could run only between bytecodes of the main thread, which the loop never returns to.
+        main = threading.current_thread() is threading.main_thread()
+        stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if main else ()
+        previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in stops}
         _lib.fuse_set_signal_handlers(self._se)
         try:
             return _lib.fuse_session_loop(self._se)
         finally:
             _lib.fuse_remove_signal_handlers(self._se)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             with self._lock:
                 _lib.fuse_session_unmount(self._se)
                 self._mounted = False

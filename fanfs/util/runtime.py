@@ -17,13 +17,16 @@ import tempfile
 from ..errors import FanfsError
 
 
+RUNTIME_VARIABLE = "FANFS_RUNTIME_DIR"
+
+
 class RuntimeDirError(FanfsError):
     """The runtime directory is not safe to use."""
 
 
 def runtime_dir() -> str:
     """The checked runtime directory (created if missing)."""
-    explicit = os.environ.get("FANFS_RUNTIME_DIR")
+    explicit = os.environ.get(RUNTIME_VARIABLE)
     if explicit:
         return _private(explicit)
     xdg = os.environ.get("XDG_RUNTIME_DIR")

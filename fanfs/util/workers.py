@@ -24,13 +24,17 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 
+def die_with_parent(sig: int, parent: int) -> None:
+    """Have the kernel send ``sig`` to this (forked) process when ``parent``, which forked it, dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), sig)
+
+
 def _start_worker(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
+    die_with_parent(signal.SIGKILL, parent)
     if initializer is not None:
         initializer(*initargs)
 

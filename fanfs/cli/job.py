@@ -1,0 +1,98 @@
+"""``fanfs job run|serve|exec``: a whole Slurm job's life (slurm/train.sbatch is one line of it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from .args import positive, size
+
+Command = Callable[[argparse.Namespace], int]
+
+JOB_HELP = """\
+Run a training command on a fanfs mount on every node of a Slurm job: each node stages its shards,
+mounts, and serves its peers; the command starts once every node serves, and each of its tasks finds
+its own node's mount in $FANFS_MNT; at the end (or on scancel, or a time limit) every node unmounts
+and removes what the job put there.
+
+  sbatch -N 4 slurm/train.sbatch /shared/imagenet.fanfs python train.py --data '$FANFS_MNT'
+
+settings (environment; the options of 'job run' win):
+  FANFS_LOCAL     node-local directory under which each node keeps the job's shards in a directory of its
+                  own, fanfs-JOBID-NODE (default $TMPDIR, else /tmp; /dev/shm works)
+  FANFS_MNT       the mount point on each node, {node} for the node's name (default: mnt/ in that directory)
+  FANFS_REPLICAS  copies of each shard across the nodes (default 2; 1 on one node)
+  FANFS_FIDELITY  K, full or auto:SSIM (default full)
+  FANFS_MPI       srun's --mpi for the nodes' start-up (default pmi2; pmix for a PMIx MPI)
+"""
+
+
+def cmd_job_run(args: argparse.Namespace) -> int:
+    from ..cluster.batch import JobSettings, run_job
+    from ..cluster.job import LOCAL_VARIABLE, MNT_VARIABLE
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+    replicas = args.replicas or int(os.environ.get("FANFS_REPLICAS") or (2 if nodes > 1 else 1))
+    settings = JobSettings(nodes=nodes, replicas=min(replicas, nodes),
+                           fidelity=args.fidelity or os.environ.get("FANFS_FIDELITY") or "full",
+                           cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2")
+    for variable, value in ((LOCAL_VARIABLE, args.local), (MNT_VARIABLE, args.mountpoint)):
+        if value:
+            os.environ[variable] = value  # the steps inherit it
+    return run_job(args.store, command, settings)
+
+
+def cmd_job_serve(args: argparse.Namespace) -> int:
+    from ..cluster.job import serve_node
+    from ..cluster.world import AgreedError, launched_ranks
+    from ..records import Presentation
+    from ..serve.daemon import MountOptions
+    from ..tune.fidelity import parse_fidelity
+    value = parse_fidelity(args.fidelity)
+    options = MountOptions(cache_size=args.cache_size, replicas=args.replicas,
+                           presentation=Presentation() if isinstance(value, float) else Presentation(fidelity=value),
+                           auto_ssim=value if isinstance(value, float) else None)
+    try:
+        serve_node(os.path.abspath(args.store), options)
+    except AgreedError:
+        if launched_ranks()[0] == 0:
+            raise
+        return 1  # every node failed alike: the first node's line says why, once
+    return 0
+
+
+def cmd_job_exec(args: argparse.Namespace) -> int:
+    from ..cluster.job import exec_on_node
+    exec_on_node(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    return 1  # not reached: the process is the command now
+
+
+def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
+    job = command("job", cmd_job_run, "run a training command on fanfs mounts across a Slurm job")
+    job.description = JOB_HELP
+    job.formatter_class = argparse.RawDescriptionHelpFormatter
+    steps = job.add_subparsers(dest="step", metavar="STEP", required=True)
+
+    p = steps.add_parser("run", help="the whole job (what slurm/train.sbatch runs in its batch step)",
+                         description=JOB_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=cmd_job_run)
+    p.add_argument("--replicas", type=positive, help="copies of each shard across the nodes ($FANFS_REPLICAS)")
+    p.add_argument("--fidelity", metavar="K|full|auto:SSIM", help="($FANFS_FIDELITY; default full)")
+    p.add_argument("--local", metavar="DIR", help="node-local directory for the job's shards ($FANFS_LOCAL)")
+    p.add_argument("--mountpoint", metavar="PATH", help="mount point on each node, {node} for its name ($FANFS_MNT)")
+    p.add_argument("--cache-size", type=size, default="1G", help="each mount's cache for decoded blobs (default 1G)")
+    p.add_argument("store", help="the store, on a file system every node sees")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command; '$FANFS_MNT' in it "
+                   "(quoted at submission) becomes the node's mount point")
+
+    p = steps.add_parser("serve", help="one node's part: stage, mount, serve peers, clean up (one task per node)")
+    p.set_defaults(func=cmd_job_serve)
+    p.add_argument("store")
+    p.add_argument("--replicas", type=positive, default=1)
+    p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM")
+    p.add_argument("--cache-size", type=size, default="1G")
+
+    p = steps.add_parser("exec", help="one task of the training command, given its node's mount in $FANFS_MNT")
+    p.set_defaults(func=cmd_job_exec)
+    p.add_argument("command", nargs=argparse.REMAINDER)

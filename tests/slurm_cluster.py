@@ -1,0 +1,512 @@
+"""A real, throw-away Slurm cluster on this one host, for tests.
+
+``slurm_cluster(base_dir, nodes=3)`` starts Debian's own daemons (bookworm: Slurm 22.05, MUNGE 0.5.15):
+
+* one ``munged`` on a private socket with its own key (nothing under /etc, /run or /var is used),
+* one ``slurmctld``,
+* one ``slurmd -N nX`` per fake node ``n1..nN``: every node is ``localhost``, each on its own port,
+
+all in the foreground (``-D`` / ``-F``) as children of this process, configured by files written
+under ``base_dir``, which also holds every log, pid file, spool and state directory.  It yields a
+:class:`SlurmCluster` once ``sinfo`` reports every node idle (about 0.3 s), and tears the whole
+thing down when the ``with`` block ends, however it ends (about 0.2 s with no job running):
+
+1. running jobs are cancelled and waited for (slurmd does *not* kill running steps when it stops),
+2. ``scontrol shutdown`` stops slurmctld and every slurmd; munged is stopped last,
+3. SIGTERM/SIGKILL for anything still there, children reaped,
+4. a sweep kills every process still carrying this cluster's ``SLURM_CONF`` in its environment:
+   stray ``slurmstepd`` and job tasks that escaped their step (proctrack/linuxproc lets them: a
+   test can therefore see anything a job leaves running).
+
+If the test runner itself dies, the daemons die with it (parent-death signal), and the next
+``slurm_cluster()`` kills whatever an earlier, dead owner left behind.  SIGTERM to this process
+(``timeout``, CI cancel) is turned into KeyboardInterrupt while a cluster runs, so the ``finally``
+still runs.
+
+Stdlib only.  Needs the Debian packages ``slurmctld slurmd slurm-client munge`` (``tools/setup --test``).
+All daemons run as the calling user (SlurmUser = SlurmdUser = that user): as root, or as any other
+user, whose jobs then run as that user too.  Linux only (/proc, prctl).  Every node has its own
+``$TMPDIR`` (a task prolog), as separate hosts would; otherwise the nodes share everything but their
+name (``$SLURMD_NODENAME``).  Time limits are whole minutes, checked every 30 s.
+
+Usage::
+
+    with slurm_cluster(tmp_path / "slurm") as cluster:
+        job = cluster.submit("job.sbatch", "arg", sbatch_options=["-N", "3", "--time=5"])
+        result = cluster.wait(job, timeout=60)     # JobResult(state='COMPLETED', exit_code=0, signal=0)
+        print(cluster.output(job))
+        cluster.run("srun", "-N", "3", "hostname")  # any client command; or subprocess with env=cluster.env
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pwd
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, NamedTuple, Sequence
+
+__all__ = ["slurm_cluster", "SlurmCluster", "JobResult", "SlurmError", "FINAL_STATES", "kill_stale_clusters"]
+
+# Job states after which a job never changes again.  ``scontrol show job`` shows COMPLETING (not
+# one of these) until every node has cleaned up after the job.
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                          "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"})
+
+# Variables that must not leak from the caller into the test cluster's commands: if the test-suite
+# itself runs inside a real Slurm job, SLURM_JOB_ID & co. would make srun/sbatch act inside *that*
+# job; SBATCH_*/SRUN_*/SALLOC_* set option defaults; PMI_*/PMIX_* confuse MPI start-up.
+_LEAKY_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_", "SINFO_", "SCONTROL_",
+                   "SACCT_", "PMI_", "PMIX_", "MPIR_", "HYDRA_")
+
+# Set in the environment of the daemons and of every client command (hence of every job), so that
+# all processes of a cluster can be found in /proc, even after the Python process that owned it died.
+OWNER_VAR = "TEST_SLURM_CLUSTER_OWNER"    # pid of the Python process that started the cluster
+CONF_VAR = "SLURM_CONF"                   # path of its slurm.conf (also set by slurmd for every job)
+
+_STOP_GRACE = 10.0                        # seconds for jobs/daemons to go before signals are used
+_PR_SET_PDEATHSIG = 1
+
+
+class JobResult(NamedTuple):
+    """How a job ended: ``state`` (COMPLETED, FAILED, CANCELLED, TIMEOUT...) and Slurm's
+    ``ExitCode=N:S``, i.e. the batch script's exit status and the signal that killed it, if any."""
+    state: str
+    exit_code: int
+    signal: int
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+@dataclass
+class SlurmCluster:
+    """Handle on a running cluster (what ``slurm_cluster()`` yields)."""
+
+    base_dir: Path
+    nodes: list[str]                      # ["n1", "n2", "n3"]
+    conf: Path                            # base_dir/etc/slurm.conf
+    env: dict[str, str]                   # environment for Slurm client commands (SLURM_CONF=...)
+    job_dir: Path                         # default working directory and output directory of jobs
+    _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+
+    # -- client commands -------------------------------------------------------------------------
+
+    def run(self, *cmd: str | os.PathLike, check: bool = True, timeout: float = 60,
+            env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+        """Run a client command (sinfo, squeue, srun, sbatch, scontrol...) against this cluster;
+        output captured as text.  ``env`` entries are added to ``self.env``."""
+        done = subprocess.run([os.fspath(c) for c in cmd], env={**self.env, **(env or {})},
+                              capture_output=True, text=True, timeout=timeout, **kwargs)
+        if check and done.returncode != 0:
+            raise SlurmError(f"{' '.join(map(str, cmd))} failed ({done.returncode}):\n"
+                             f"{done.stdout}{done.stderr}")
+        return done
+
+    def submit(self, script: str | os.PathLike, *args: str | os.PathLike,
+               sbatch_options: Sequence[str] = (), env: dict[str, str] | None = None,
+               cwd: str | os.PathLike | None = None) -> int:
+        """``sbatch [sbatch_options] script args...``; returns the job id.
+
+        The job inherits sbatch's environment (``--export=ALL``, Slurm's default): ``self.env``
+        plus ``env``.  Its stdout+stderr go to ``job_dir/slurm-<id>.out`` unless the options name
+        an ``--output``; it runs in ``cwd`` (default ``job_dir``).
+        """
+        options = list(sbatch_options)
+        if not any(o == "-o" or o.startswith(("--output", "-o")) for o in options):
+            options.append(f"--output={self.job_dir}/slurm-%j.out")
+        done = self.run("sbatch", "--parsable", *options, script, *args, env=env,
+                        cwd=cwd or self.job_dir)
+        return int(done.stdout.strip().split(";")[0])      # "ID" or "ID;CLUSTER"
+
+    def job_info(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job -o ID`` as a dict; empty if Slurm does not know the job (any more)."""
+        done = self.run("scontrol", "show", "job", "-o", str(job_id), check=False)
+        if done.returncode != 0:
+            return {}
+        # One line of "Key=Value" pairs; only a few values (Command, WorkDir...) could hold spaces.
+        return dict(re.findall(r"(?:^|\s)([\w/:]+)=(\S*)", done.stdout.strip()))
+
+    def state(self, job_id: int) -> JobResult:
+        """The job's current state; the exit code is meaningful once the state is final."""
+        info = self.job_info(job_id)
+        if not info:
+            return self._jobcomp_result(job_id)
+        return JobResult(info.get("JobState", "UNKNOWN"), *_exit_code(info.get("ExitCode")))
+
+    def _jobcomp_result(self, job_id: int) -> JobResult:
+        """The jobcomp/filetxt record of a finished job (one line per job, written at its end)."""
+        comp = self.base_dir / "log" / "jobcomp.txt"
+        if comp.exists():
+            for line in reversed(comp.read_text(errors="replace").splitlines()):
+                if line.startswith(f"JobId={job_id} "):
+                    fields = dict(re.findall(r"(\w+)=(\S*)", line))
+                    return JobResult(fields.get("JobState", "UNKNOWN"), *_exit_code(fields.get("ExitCode")))
+        return JobResult("UNKNOWN", -1, 0)
+
+    def wait(self, job_id: int, timeout: float = 120, poll: float = 0.2) -> JobResult:
+        """Wait until the job is in a final state (after COMPLETING: its processes are gone);
+        returns its JobResult.  Raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.state(job_id)
+            if result.state in FINAL_STATES:
+                return result
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {result.state} after {timeout}s")
+            time.sleep(poll)
+
+    def wait_running(self, job_id: int, timeout: float = 30) -> None:
+        """Wait until the job has started (batch jobs start on a once-a-second scheduler tick)."""
+        deadline = time.monotonic() + timeout
+        while (state := self.state(job_id).state) == "PENDING":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still PENDING after {timeout}s")
+            time.sleep(0.1)
+        if state in FINAL_STATES | {"UNKNOWN"}:
+            raise SlurmError(f"job {job_id} is {state}, not running")
+
+    def cancel(self, job_id: int, signal_name: str | None = None, batch_only: bool = False) -> None:
+        """``scancel ID``: cancel the job (its steps and batch shell get SIGCONT+SIGTERM, then
+        SIGKILL KillWait=2 s later; no more steps can start).  With ``signal_name`` (e.g. "TERM"),
+        only send that signal and do not cancel: to every step, or with ``batch_only`` to the batch
+        shell alone (``scancel -b -s SIG``), which can then still run cleanup steps."""
+        args = []
+        if signal_name:
+            args.append(f"--signal={signal_name}")
+            if batch_only:
+                args.append("--batch")
+        self.run("scancel", *args, str(job_id))
+
+    def output(self, job_id: int) -> str:
+        """The job's output file, as far as it has been written ("" if there is none)."""
+        path = self.job_dir / f"slurm-{job_id}.out"
+        if not path.exists():
+            path = Path(self.job_info(job_id).get("StdOut", path))
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def node_states(self) -> dict[str, str]:
+        """``{node: state}`` as sinfo reports it (idle, alloc, mix, down*, unk*...)."""
+        done = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=15)
+        return dict(line.split(None, 1) for line in done.stdout.splitlines() if line.strip())
+
+    def log(self, name: str) -> str:
+        """A daemon's log: "slurmctld", "munged" or a node name ("n1")."""
+        name = f"slurmd-{name}" if name in self.nodes else name
+        path = self.base_dir / "log" / f"{name}.log"
+        if not path.exists():          # munged -F logs to stderr, i.e. to munged.stdout
+            path = path.with_suffix(".stdout")
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _exit_code(text: str | None) -> tuple[int, int]:
+    code, _, sig = (text or "0:0").partition(":")
+    return int(code or 0), int(sig or 0)
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on this host right now (a tiny race is acceptable)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _write_config(base: Path, nodes: list[str], cpus_per_node: int) -> tuple[Path, Path]:
+    """Write the munge key, slurm.conf and a task prolog; returns (slurm.conf, munge socket)."""
+    for sub in ("etc", "log", "state", "spool", "tmp", "jobs"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    # munged insists on a key owned by its user with mode 0600 or 0400, and on a socket directory
+    # everyone may search: with 0700 it refuses to start ("execute permissions for all required").
+    munge_dir = base / "munge"
+    munge_dir.mkdir(exist_ok=True)
+    munge_dir.chmod(0o755)
+    key = munge_dir / "munge.key"
+    if not key.exists():
+        with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(os.urandom(1024))
+    sock = munge_dir / "munge.socket"
+
+    # All fake nodes share this host's /tmp.  Give each its own TMPDIR, exported into every task
+    # (batch script included) by a TaskProlog: Slurm applies "export NAME=value" lines it prints.
+    prolog = base / "etc" / "task_prolog.sh"
+    prolog.write_text("#!/bin/sh\n"
+                      f'd="{base}/tmp/$SLURMD_NODENAME"\n'
+                      'mkdir -p "$d" && echo "export TMPDIR=$d"\n')
+    prolog.chmod(0o755)
+    for node in nodes:
+        (base / "tmp" / node).mkdir(exist_ok=True)
+        (base / "spool" / node).mkdir(exist_ok=True)
+
+    user = pwd.getpwuid(os.getuid()).pw_name
+    ctld_port, *node_ports = _free_ports(1 + len(nodes))
+    node_lines = "\n".join(f"NodeName={n} NodeHostname=localhost Port={p} CPUs={cpus_per_node} RealMemory=1000"
+                           for n, p in zip(nodes, node_ports))
+    conf = base / "etc" / "slurm.conf"
+    conf.write_text(f"""\
+# Written by slurm_cluster.py: a throw-away test cluster, every node on this host.
+ClusterName=testcluster
+SlurmctldHost=localhost
+SlurmctldPort={ctld_port}
+# Both daemons run as whoever starts the cluster (root, or a user whose jobs then all run as that user).
+SlurmUser={user}
+SlurmdUser={user}
+
+# Authentication through our private munged; client commands find the socket here too.
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+
+# Per-daemon paths: %n is the node name (one slurmd per fake node on one host).
+StateSaveLocation={base}/state
+SlurmdSpoolDir={base}/spool/%n
+SlurmctldPidFile={base}/slurmctld.pid
+SlurmdPidFile={base}/slurmd-%n.pid
+SlurmctldLogFile={base}/log/slurmctld.log
+SlurmdLogFile={base}/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+# The task prolog gives each node its TMPDIR (Slurm itself does not).
+TaskProlog={prolog}
+MailProg=/bin/true
+
+# linuxproc: tasks tracked through their parent chain, no cgroups needed (works in any container); a
+# process that leaves its step (setsid, and its parent exits) escapes, so tests see what a job leaves.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+# One line per finished job, with its final state and exit code (survives the job record).
+JobCompType=jobcomp/filetxt
+JobCompLoc={base}/log/jobcomp.txt
+# Steps use no MPI plugin unless they ask: srun --mpi=pmi2.
+MpiDefault=none
+SwitchType=switch/none
+
+SchedulerType=sched/backfill
+# Batch jobs start on the next once-a-second scheduler tick (the default delay is up to 3 s).
+SchedulerParameters=batch_sched_delay=0
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# Nodes have the CPUs configured here, whatever this host has; a node that registers is usable.
+SlurmdParameters=config_overrides
+ReturnToService=2
+
+# No slurmdbd (so no sacct): keep finished jobs in "scontrol show job" for a day.
+MinJobAge=86400
+# Quick kills: SIGCONT+SIGTERM, then SIGKILL KillWait seconds later.  Time limits are whole
+# minutes and slurmctld checks them every 30 s: --time=1 ends the job 60-90 s after its start.
+KillWait=2
+OverTimeLimit=0
+InactiveLimit=0
+UnkillableStepTimeout=30
+MessageTimeout=10
+
+{node_lines}
+PartitionName=debug Nodes={",".join(nodes)} Default=YES MaxTime=INFINITE State=UP
+""")
+    return conf, sock
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+def _environ(pid: int) -> dict[bytes, bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return dict(item.partition(b"=")[::2] for item in f.read().split(b"\0") if item)
+    except OSError:                          # gone, a zombie, or not ours to read
+        return {}
+
+
+def _find_processes(match) -> list[int]:
+    """PIDs of other processes whose environment satisfies ``match(environ_dict)``."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and match(_environ(int(entry.name))):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_all(match, grace: float = 2.0) -> list[int]:
+    """SIGTERM every matching process, then SIGKILL what is left after ``grace`` s; returns PIDs."""
+    victims = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _find_processes(match)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        victims += pids
+        deadline = time.monotonic() + grace
+        while pids and _find_processes(match) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return sorted(set(victims))
+
+
+def kill_stale_clusters() -> list[int]:
+    """Kill what earlier clusters left behind when their Python owner died (e.g. SIGKILLed test
+    runner): every process whose environment names an owner PID that no longer runs."""
+    def stale(env: dict[bytes, bytes]) -> bool:
+        owner = env.get(OWNER_VAR.encode(), b"")
+        return owner.isdigit() and int(owner) != os.getpid() and not Path(f"/proc/{int(owner)}").exists()
+    return _kill_all(stale)
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: have the kernel SIGTERM the daemon when the thread that started it dies."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _stop_process(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` s; reaps the process."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+
+
+def _wait_for(predicate, timeout: float, what: str, poll: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SlurmError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
+
+
+@contextlib.contextmanager
+def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
+    """While the cluster runs, SIGTERM (timeout(1), CI cancelling) raises KeyboardInterrupt instead
+    of killing Python on the spot, so that the cluster is still shut down.  Only from the main
+    thread, and only if nobody else handles SIGTERM."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def slurm_cluster(base_dir: Path, nodes: int = 3, *, cpus_per_node: int = 4,
+                  start_timeout: float = 30) -> Iterator[SlurmCluster]:
+    """Start munged + slurmctld + one slurmd per node under ``base_dir``; yield a SlurmCluster.
+
+    ``cpus_per_node``: CPUs each fake node claims (jobs, and steps without --overlap, need free ones).
+    Everything is stopped and reaped on exit, even if start-up fails half-way.
+    """
+    kill_stale_clusters()
+    base = Path(base_dir).resolve()
+    if len(str(base)) > 80:
+        # munged's socket and slurmstepd's sockets (spool/nX/nX_JOB.STEP) live under base_dir, and a
+        # Unix socket path has at most 107 bytes.
+        raise ValueError(f"base_dir too long for the daemons' Unix sockets (max 80 chars): {base}")
+    base.mkdir(parents=True, exist_ok=True)
+    names = [f"n{i}" for i in range(1, nodes + 1)]
+    conf, sock = _write_config(base, names, cpus_per_node)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LEAKY_PREFIXES)}
+    env.update({CONF_VAR: str(conf), OWNER_VAR: str(os.getpid())})
+    cluster = SlurmCluster(base, names, conf, env, base / "jobs")
+
+    def start(name: str, cmd: list[str]) -> None:
+        # Own session: a Ctrl-C aimed at the test runner does not reach the daemons before we stop
+        # them in order.  The daemons write their own logs; this file only gets early messages.
+        with open(base / "log" / f"{name}.stdout", "ab") as out:
+            cluster._procs[name] = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent)
+
+    def check_alive(name: str) -> None:
+        if cluster._procs[name].poll() is not None:
+            log = base / "log" / f"{name}.log"
+            text = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            text += (base / "log" / f"{name}.stdout").read_text(errors="replace")[-2000:]
+            raise SlurmError(f"{name} exited ({cluster._procs[name].returncode}) during start-up:\n{text}")
+
+    def ctld_up() -> bool:
+        check_alive("slurmctld")
+        return "UP" in cluster.run("scontrol", "ping", check=False, timeout=15).stdout
+
+    def all_idle() -> bool:
+        for node in names:
+            check_alive(f"slurmd-{node}")
+        states = cluster.node_states()
+        return len(states) == len(names) and all(s == "idle" for s in states.values())
+
+    with _sigterm_as_keyboard_interrupt():
+        try:
+            # --force: tolerate loose permissions above base_dir (munged checks the whole path).
+            start("munged", ["munged", "-F", "--force", f"--socket={sock}",
+                             f"--key-file={base}/munge/munge.key", f"--pid-file={base}/munge/munged.pid",
+                             f"--seed-file={base}/munge/munged.seed"])      # -F: logs to stderr
+            _wait_for(lambda: check_alive("munged") or sock.is_socket(), start_timeout, "munged's socket")
+            start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)])   # -i: ignore old state
+            _wait_for(ctld_up, start_timeout, "slurmctld to answer", poll=0.1)
+            for node in names:
+                start(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(conf)])
+            _wait_for(all_idle, start_timeout, "every node to be idle", poll=0.1)
+            yield cluster
+        finally:
+            _shutdown(cluster)
+
+
+def _shutdown(cluster: SlurmCluster) -> None:
+    """Stop everything, politely first.  Never raises; leaves no process of the cluster behind."""
+    procs = cluster._procs
+    ctld = procs.get("slurmctld")
+    if ctld is not None and ctld.poll() is None:
+        with contextlib.suppress(Exception):
+            # 1. Cancel all jobs and let them finish completing: slurmd leaves running steps alone
+            #    when it stops (slurmstepd is built to outlive a slurmd restart).
+            jobs = cluster.run("squeue", "-h", "-o", "%i", check=False, timeout=15).stdout.split()
+            if jobs:
+                cluster.run("scancel", *jobs, check=False, timeout=15)
+                deadline = time.monotonic() + _STOP_GRACE
+                while time.monotonic() < deadline and cluster.run(
+                        "squeue", "-h", "-o", "%i", check=False, timeout=15).stdout.strip():
+                    time.sleep(0.2)
+        with contextlib.suppress(Exception):
+            # 2. slurmctld tells every slurmd to exit, then exits itself.
+            cluster.run("scontrol", "shutdown", check=False, timeout=15)
+        deadline = time.monotonic() + _STOP_GRACE
+        for name, proc in procs.items():
+            if name != "munged":
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+    # 3. Whatever did not stop, or a start-up that failed half-way: signals.  munged last, so that
+    #    the Slurm daemons can still authenticate while they go.
+    for name, proc in sorted(procs.items(), key=lambda item: item[0] == "munged"):
+        with contextlib.suppress(Exception):
+            _stop_process(proc)
+    # 4. Stray slurmstepd and job tasks (not our children: init reaps them).
+    conf = str(cluster.conf).encode()
+    owner = str(os.getpid()).encode()
+    with contextlib.suppress(Exception):
+        _kill_all(lambda env: env.get(CONF_VAR.encode()) == conf or env.get(OWNER_VAR.encode()) == owner)

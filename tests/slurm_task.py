@@ -1,0 +1,61 @@
+"""One task of a test job's training command (run by 'fanfs job exec' on every node).
+
+    slurm_task.py OUT MNT [--source DIR] [--images DIR] [--sleep S] [--exit N] [ARG...]
+
+Writes ``OUT/<node>-<task>.json``: the node, the mount point it was given (argument and $FANFS_MNT),
+the extra arguments exactly as received, the mount's fidelity ('fanfs stats'), and what it checked:
+with ``--source``, that every file under the mount has the source's bytes; with ``--images``, that
+every JPEG that Pillow can open in the source decodes through the mount, at the source's size.  Then sleeps and exits
+as asked (a long training step to cancel, a failing one).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from PIL import Image
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("mnt")
+parser.add_argument("--source")
+parser.add_argument("--images")
+parser.add_argument("--sleep", type=float, default=0)
+parser.add_argument("--exit", type=int, default=0)
+parser.add_argument("extra", nargs="*")
+args = parser.parse_intermixed_args()
+
+node, task = os.environ["SLURMD_NODENAME"], os.environ["SLURM_PROCID"]
+report = {"node": node, "task": task, "mnt": args.mnt, "env_mnt": os.environ.get("FANFS_MNT"),
+          "extra": args.extra, "files": 0, "mismatches": [], "images": 0}
+stats = subprocess.run([sys.executable, "-m", "fanfs", "stats", args.mnt, "--json"], capture_output=True, text=True)
+report["fidelity"] = json.loads(stats.stdout)["fidelity"] if stats.returncode == 0 else stats.stderr
+for top in filter(None, [args.source, args.images]):
+    for root, _, files in os.walk(top):
+        for name in files:
+            original = os.path.join(root, name)
+            served = os.path.join(args.mnt, os.path.relpath(original, top))
+            if top == args.source:
+                report["files"] += 1
+                with open(original, "rb") as a, open(served, "rb") as b:
+                    if a.read() != b.read():
+                        report["mismatches"].append(served)
+            elif name.endswith(".jpg"):
+                try:
+                    with Image.open(original) as a:
+                        a.load()
+                        size = a.size
+                except OSError:
+                    continue  # a broken original (the sample set has some): served as its bytes
+                with Image.open(served) as b:
+                    b.load()
+                    if b.size != size:
+                        report["mismatches"].append(served)
+                report["images"] += 1
+with open(os.path.join(args.out, f"{node}-{task}.json"), "w") as f:
+    json.dump(report, f)
+time.sleep(args.sleep)
+sys.exit(args.exit)
