@@ -1,0 +1,135 @@
+"""Where a store is built and how it replaces what was there, without ever destroying anything else.
+
+A store is built in ``STORE.partial-PID-XXXX`` beside STORE, holding a marker (host, pid, boot id)
+written before anything else, and renamed into place at the end.  ``--force`` replaces only an empty
+directory or a recognisable fanfs store: never a tree that holds the source or lies inside it, never a
+directory of other files, never a symlink.  Leftovers of killed packs are recognised by their marker
+(a dead pid on this host), never by their name alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import uuid
+
+from ..store.format import INDEX_MAGIC, INDEX_NAME, SHARD_DIR
+from .shards import PackError
+
+PARTIAL_MARKER = ".fanfs-partial"
+"""Written first into a store being built (and into a store being replaced): only a directory holding it,
+left by a pack that is no longer running on this host, is ever removed as stale."""
+
+
+def _is_store(path: str) -> bool:
+    """Is ``path`` recognisably a fanfs store: an index with fanfs's magic and nothing but index and shards?"""
+    try:
+        names = set(os.listdir(path))
+        with open(os.path.join(path, INDEX_NAME), "rb") as f:
+            magic = f.read(len(INDEX_MAGIC))
+    except OSError:
+        return False
+    if magic != INDEX_MAGIC or not names <= {INDEX_NAME, SHARD_DIR, PARTIAL_MARKER}:
+        return False
+    shards = os.path.join(path, SHARD_DIR)
+    return not os.path.exists(shards) or all(n.split(".")[0].isdigit() for n in os.listdir(shards))
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def prepare_destination(store: str, src: str, force: bool) -> str:
+    """Refuse an unusable STORE; return the temp directory to build in (beside STORE).
+
+    ``--force`` replaces an empty directory or a fanfs store, never anything else: not a tree that
+    holds SRC or lies inside it, not a directory of other files, not a symbolic link.
+    """
+    real_src, real_store = os.path.realpath(src), os.path.realpath(store)
+    if _inside(real_store, real_src):
+        raise PackError(f"store {store} is inside the source {src}: pick a place outside it")
+    if _inside(real_src, real_store):
+        raise PackError(f"the source {src} is inside {store}: a store there would replace it; pick another place")
+    if os.path.islink(store):
+        raise PackError(f"{store} is a symbolic link: give the real path of the store")
+    if os.path.lexists(store):
+        if not os.path.isdir(store):
+            raise PackError(f"{store} exists and is not a directory")
+        if os.listdir(store):
+            if not _is_store(store):
+                raise PackError(f"{store} exists and is not a fanfs store: fanfs replaces only a store or an empty "
+                                "directory, even with --force; remove it yourself or pick another place")
+            if not force:
+                raise PackError(f"{store} is a fanfs store already: use --force to replace it")
+    parent = os.path.dirname(os.path.abspath(store))
+    if not os.path.isdir(parent):
+        raise PackError(f"cannot create {store}: {parent} does not exist")
+    _remove_stale(parent, os.path.basename(os.path.abspath(store)))
+    tmp = os.path.abspath(store) + f".partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.mkdir(tmp)
+    _mark(tmp)
+    os.mkdir(os.path.join(tmp, SHARD_DIR))
+    return tmp
+
+
+def _mark(directory: str) -> None:
+    """Claim ``directory`` for this pack: host and pid, so a later pack knows whether it is still running."""
+    with open(os.path.join(directory, PARTIAL_MARKER), "w") as f:
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(), "boot": _boot_id()}, f)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _remove_stale(parent: str, name: str) -> None:
+    """Remove partial or replaced stores of STORE that a pack left when it was killed (its marker says so)."""
+    for entry in os.listdir(parent):
+        if not (entry.startswith(name + ".partial-") or entry.startswith(name + ".old-")):
+            continue
+        path = os.path.join(parent, entry)
+        try:
+            with open(os.path.join(path, PARTIAL_MARKER)) as f:
+                owner = json.load(f)
+            host, pid, boot = owner["host"], int(owner["pid"]), owner.get("boot", "")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not something fanfs wrote: never touched
+        if host == socket.gethostname() and (boot != _boot_id() or not _pid_alive(pid)) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def commit(tmp: str, store: str) -> None:
+    """Put the finished store in place with renames (atomic on one file system)."""
+    os.unlink(os.path.join(tmp, PARTIAL_MARKER))
+    fd = os.open(tmp, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    old = None
+    if os.path.lexists(store):
+        if os.listdir(store):
+            if not _is_store(store):  # it changed since the pack started: leave it alone
+                raise PackError(f"{store} was changed during the pack and is no longer a fanfs store: not replaced")
+            _mark(store)
+            old = os.path.abspath(store) + f".old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            os.rename(store, old)
+        else:
+            os.rmdir(store)
+    os.rename(tmp, store)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,291 @@
+"""One shard file, built by one worker: files cut into layers by their record kinds, written layer-major.
+
+Layer 0 of every file comes first, then layer 1 of every file, and so on, so the first K layers of a
+whole shard are one prefix.  Blob numbers are file-major (a file's blobs are one contiguous range).
+Layers after the first are spilled to temporary files beside the shard while it is built (memory stays
+bounded whatever the shard holds) and appended in order at the end.  Writes go through our own buffer
+on a raw descriptor: a failed write is reported once, never replayed by a close.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+
+from ..codecs import Codec
+from ..errors import FanfsError
+from ..records import Packed, RecordKind
+from ..records.plain import PlainFiles
+from ..store.format import SHARD_HEADER, shard_header
+from ..util.checksum import Digest, checksum
+from ..util.files import open_regular
+
+_BUFFER = 1 << 20
+T = TypeVar("T")
+HEAD = 4096  # bytes a kind sniffs (and a plan classifies) a file by
+
+
+class PackError(FanfsError):
+    """The pack could not finish; nothing was left behind."""
+
+
+class NoSpace(PackError):
+    """The store's file system filled up (the parent says where and how much more is needed)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
+
+
+class _Output:
+    """An append-only file with a running checksum and a write buffer of our own."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self.digest = Digest()
+        self.pos = 0
+        self._buf = bytearray()
+
+    def append(self, data: bytes | memoryview) -> int:
+        pos = self.pos
+        self.digest.update(data)
+        self._buf += data
+        self.pos += len(data)
+        if len(self._buf) >= _BUFFER:
+            self.flush()
+        return pos
+
+    def flush(self) -> None:
+        with memoryview(self._buf) as view:
+            done = 0
+            while done < len(view):
+                done += os.write(self.fd, view[done:])
+        self._buf.clear()
+
+    def close(self, sync: bool) -> None:
+        if self.fd < 0:
+            return
+        try:
+            if sync:
+                self.flush()
+                os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass
+class ShardJob:
+    shard: int
+    path: str
+    store_id: bytes
+    files: list[tuple[int, bytes]]  # (entry, absolute source path)
+    codecs: list[Codec]
+    kinds: list[RecordKind]  # tried in order on files they claim; plain files otherwise
+    default_codec: int
+    raw_codec: int
+    plan: object = None  # selection plan: .codec_index(head) per content class
+
+
+@dataclass
+class ShardResult:
+    shard: int
+    size: int
+    checksum: int
+    files: dict[str, np.ndarray]
+    blobs: dict[str, np.ndarray]
+    fallbacks: list[tuple[str, str, str]]  # (kind, path, reason) of files a kind refused
+    stored_by_codec: dict[int, list[int]] = field(default_factory=dict)  # codec -> [files, raw, stored]
+
+
+class ShardWriter:
+    """Appends a shard's blobs layer-major; ``add`` one file at a time, then ``close``."""
+
+    def __init__(self, path: str, header: bytes) -> None:
+        self.path = path
+        self.out = _Output(path)
+        self.out.append(header)
+        self._spills: dict[int, _Output] = {}
+        self.offset: list[int] = []
+        self.stored: list[int] = []
+        self.raw: list[int] = []
+        self.checksum: list[int] = []
+        self._spilled: list[tuple[int, int]] = []  # (blob, layer) whose offset is relative to its spill file
+
+    def add(self, packed: Packed, codec: Codec | None) -> tuple[int, int]:
+        """Write (or spill) a file's blobs, compressed with ``codec`` unless None; returns (first blob, count)."""
+        first = len(self.raw)
+        for layer, blobs in enumerate(packed.layers):
+            for item in blobs:
+                blob = len(self.raw)
+                if isinstance(item, int):  # a hole: stored as nothing
+                    self._slot(self.out.pos if layer == 0 else 0, 0, item, 0)
+                    if layer:
+                        self._spilled.append((blob, layer))
+                    continue
+                stored = item
+                if codec is not None:
+                    packed_bytes = codec.encode(item)
+                    if len(packed_bytes) < len(item):
+                        stored = packed_bytes
+                target = self.out if layer == 0 else self._spill(layer)
+                self._slot(target.append(stored), len(stored), len(item), checksum(stored))
+                if layer:
+                    self._spilled.append((blob, layer))
+        return first, len(self.raw) - first
+
+    def _slot(self, offset: int, stored: int, raw: int, digest: int) -> None:
+        self.offset.append(offset)
+        self.stored.append(stored)
+        self.raw.append(raw)
+        self.checksum.append(digest)
+
+    def _spill(self, layer: int) -> _Output:
+        spill = self._spills.get(layer)
+        if spill is None:
+            spill = self._spills[layer] = _Output(f"{self.path}.layer{layer}")
+        return spill
+
+    def close(self) -> tuple[int, int]:
+        """Append the spilled layers in order, sync; returns (size, checksum) of the shard file."""
+        bases = {}
+        for layer in sorted(self._spills):
+            spill = self._spills[layer]
+            spill.flush()
+            bases[layer] = self.out.pos
+            with open(spill.path, "rb", buffering=0) as f:
+                while block := f.read(_BUFFER):
+                    self.out.append(block)
+        for blob, layer in self._spilled:
+            self.offset[blob] += bases.get(layer, self.out.pos)
+        self.out.close(sync=True)
+        self.abort()
+        return self.out.pos, self.out.digest.intdigest()
+
+    def abort(self) -> None:
+        """Close everything without writing more; remove the spill files."""
+        for spill in self._spills.values():
+            try:
+                spill.close(sync=False)
+            finally:
+                if os.path.exists(spill.path):
+                    os.unlink(spill.path)
+        self._spills.clear()
+        self.out.close(sync=False)
+
+    def blob_columns(self) -> dict[str, np.ndarray]:
+        return {"blob_offset": np.array(self.offset, np.uint64), "blob_stored": np.array(self.stored, np.uint32),
+                "blob_raw": np.array(self.raw, np.uint32), "blob_checksum": np.array(self.checksum, np.uint64)}
+
+
+def pack_shard(job: ShardJob, advance: Callable[[int], None] = lambda n: None) -> ShardResult:
+    """Build one shard file from its files; runs in a worker process."""
+    writer = ShardWriter(job.path, shard_header(job.shard, job.store_id))
+    columns: dict[str, list[int]] = {k: [] for k in ("entry", "record", "layers", "first", "count", "codec",
+                                                     "size", "checksum")}
+    fallbacks: list[tuple[str, str, str]] = []
+    by_codec: dict[int, list[int]] = {}
+    try:
+        for entry, path in job.files:
+            fd, kind, packed, head = _cut(job, path, fallbacks)
+            try:
+                if packed.compress:
+                    codec = job.plan.codec_index(head) if job.plan is not None else job.default_codec
+                else:
+                    codec = job.raw_codec
+                first, count = _written(path, lambda: writer.add(packed, job.codecs[codec] if packed.compress else None))
+                advance(os.fstat(fd).st_size)
+            finally:
+                os.close(fd)  # streamed layers read it until they are written
+            for key, value in (("entry", entry), ("record", kind.kind_id), ("layers", len(packed.layers)),
+                               ("first", first), ("count", count), ("codec", codec), ("size", packed.size),
+                               ("checksum", packed.final_checksum())):
+                columns[key].append(value)
+            stat = by_codec.setdefault(codec, [0, 0, 0])
+            stat[0] += 1
+            stat[1] += packed.size
+            stat[2] += sum(writer.stored[first:first + count])
+        size, digest = _written(None, writer.close)
+    except BaseException:
+        writer.abort()
+        raise
+    files = {k: np.array(v, np.uint64 if k == "checksum" else np.int64) for k, v in columns.items()}
+    return ShardResult(job.shard, size, digest, files, writer.blob_columns(), fallbacks, by_codec)
+
+
+class _SourceFailure(Exception):
+    """Reading the source failed (kept apart from write failures, which are the store's)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _cut(job: ShardJob, path: bytes, fallbacks: list[tuple[str, str, str]]) -> tuple[int, RecordKind, Packed, bytes]:
+    """Open the source file and let the first kind that claims it cut it (plain if none manages).
+
+    Returns the open descriptor too: a large file's layers are read from it while they are written.
+    """
+    name = os.fsdecode(path)
+    try:
+        fd = open_regular(path, follow=False)
+    except OSError as err:
+        raise PackError(f"cannot read {name}: {err.strerror}") from None
+    except FanfsError as err:
+        raise PackError(f"cannot pack {err} (it changed since the walk)") from None
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, HEAD, 0)
+        chosen: RecordKind = _PLAIN
+        packed: Packed | str = ""
+        for kind in job.kinds:
+            if kind.claims(head):
+                packed = kind.pack(fd, size, head)
+                if isinstance(packed, Packed):
+                    chosen = kind
+                else:
+                    fallbacks.append((kind.name, name, packed))
+                break
+        if not isinstance(packed, Packed):
+            packed = _PLAIN.pack(fd, size, head)
+    except OSError as err:
+        os.close(fd)
+        raise PackError(f"cannot read {name}: {err.strerror or err}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    packed.layers = [_reading(blobs) for blobs in packed.layers]
+    return fd, chosen, packed, head
+
+
+_PLAIN = PlainFiles()
+
+
+def _reading(blobs: Iterable[bytes | int]) -> Iterator[bytes | int]:
+    """A layer's blobs with read errors marked as the source's (streamed layers read while being written)."""
+    it = iter(blobs)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except OSError as err:
+            raise _SourceFailure(err.strerror or str(err)) from None
+        yield item
+
+
+def _written(path: bytes | None, write: Callable[[], T]) -> T:
+    """Run a write of the shard; a full disk is NoSpace, a source that failed mid-read names the source."""
+    try:
+        return write()
+    except _SourceFailure as failure:
+        raise PackError(f"cannot read {os.fsdecode(path or b'?')}: {failure.reason}") from None
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpace(err.filename or "") from None
+        raise PackError(f"cannot write the store: {err.strerror or err}") from None
