@@ -80,8 +80,10 @@ def format_info(info: dict[str, Any]) -> str:
     ]
     for name, r in info["records"].items():
         layers = ", ".join(f"{k}: {v}" for k, v in r.get("layers", {}).items())
+        planes = ", ".join(f"{k}: {v}" for k, v in r.get("planes", {}).items())
         lines.append(f"{name:<10} {r['files']:,} {r['label']}" + (f" (layers: {layers})" if layers else "")
-                     + f", {r['fallbacks']:,} kept as plain files")
+                     + (f" (planes: {planes})" if planes else "") + f", {r['fallbacks']:,} kept as plain files")
+        lines.extend(f"{'':<10} {note}" for note in r.get("notes", []))
     width = max([len("codec"), *(len(c["codec"]) for c in info["codecs"])])
     lines.append(f"{'codec':<{width}}   files        raw     stored   ratio")
     for c in info["codecs"]:
