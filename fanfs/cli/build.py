@@ -54,24 +54,26 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_float_error(text: str) -> float | None:
+class FloatError:
     """``--float-error``: an absolute bound above 0, or ``limit`` (ELF within the dtype's last mantissa bit)."""
-    if text.strip().lower() == "limit":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected an error bound above 0 (e.g. 1e-6) or 'limit', got {text!r}")
-    return value
+
+    def __init__(self, text: str) -> None:
+        self.bound: float | None = None
+        if text.strip().lower() == "limit":
+            return
+        try:
+            self.bound = float(text)
+        except ValueError:
+            self.bound = -1.0
+        if not 0 < self.bound < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected an error bound above 0 (e.g. 1e-6) or 'limit', got {text!r}")
 
 
 def _float_records(args: argparse.Namespace, plan: object) -> "RecordKind | None":
     """The float-record kind asked for: by --float-records / --float-error, else by the plan's float class."""
     from ..records.floats import FloatRecords
     if args.float_error is not None:
-        return FloatRecords(elf=True, error=args.float_error)
+        return FloatRecords(elf=True, error=args.float_error.bound)
     if args.float_records:
         return FloatRecords()
     record = plan.record("float") if plan is not None else None  # type: ignore[attr-defined]
@@ -89,7 +91,8 @@ def cmd_select(args: argparse.Namespace) -> int:
     fraction = parse_fraction(args.sample)
     if not 0 < fraction <= 1:
         raise ValueError(f"--sample must be more than 0% and at most 100%, not {args.sample}")
-    sel = select(args.src, demand, fraction=fraction, cap=args.sample_cap, seed=args.seed, jobs=args.jobs)
+    sel = select(args.src, demand, fraction=fraction, cap=args.sample_cap, seed=args.seed, jobs=args.jobs,
+                 float_error=False if args.float_error is None else args.float_error.bound)
     if args.json:
         print_json(selection_json(sel))
     else:
@@ -127,7 +130,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--float-records", action="store_true",
                    help="store the values of .npy and safetensors files (found by content) as byte planes, so mounts "
                         "can present them at a lower --precision; lossless")
-    p.add_argument("--float-error", type=parse_float_error, metavar="EPS|limit", default=None,
+    p.add_argument("--float-error", type=FloatError, metavar="EPS|limit", default=None,
                    help="like --float-records, but float32/float64 values are stored with ELF, each within EPS of "
                         "its source (LOSSY; 'limit': within the last mantissa bit, e.g. 6e-8 for float32)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -152,5 +155,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--plot", metavar="PNG", help="ratio against decode speed per class, feasible region and choice")
     p.add_argument("--sample-cap", type=size, default="16M", help="bytes read per class (default 16M)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--float-error", type=FloatError, metavar="EPS|limit",
+                   help="also measure ELF float records within EPS for float arrays (lossy; lossless float records "
+                        "are always measured)")
     p.add_argument("--jobs", "-j", type=positive, default=1,
                    help="classes measured in parallel (default 1: per-thread speeds on an otherwise idle node)")
