@@ -98,7 +98,8 @@ def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.nda
         layout[name] = [column.dtype.str, offset, int(column.size)]
         offset += column.nbytes
     head_json = json.dumps({**meta, "columns": layout}, sort_keys=True).encode()
-    head = _INDEX_HEAD.pack(INDEX_MAGIC, int(meta.get("format", FORMAT_VERSION)), 0, len(head_json)) + head_json
+    version = meta.get("format") if meta.get("format") in FORMATS else FORMAT_VERSION  # else: refused when read
+    head = _INDEX_HEAD.pack(INDEX_MAGIC, int(version), 0, len(head_json)) + head_json
     base = -(-len(head) // _ALIGN) * _ALIGN
     digest = xxhash.xxh3_64()
     tmp = path + ".tmp"
