@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_SIDE = struct.Struct("<II")  # exceptions, bytes of the zero bitmap (0: no exact zero in the chunk)
+_SIDE = struct.Struct("<II")  # exceptions, bytes of the zero bitmap (0: no exact zero in the chunk); then the
+                              # exceptions' positions as gaps (u4), their exact bits, the bitmap
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,8 @@ def _side(exceptions: np.ndarray, exact: np.ndarray, zeros: np.ndarray) -> bytes
     bitmap = np.packbits(zeros).tobytes() if zeros.any() else b""
     if not exceptions.size and not bitmap:
         return b""
-    return (_SIDE.pack(exceptions.size, len(bitmap)) + exceptions.astype("<u4").tobytes() + exact.tobytes()
-            + bitmap)
+    gaps = np.diff(exceptions, prepend=0).astype("<u4")  # positions as gaps: regular outliers compress well
+    return _SIDE.pack(exceptions.size, len(bitmap)) + gaps.tobytes() + exact.tobytes() + bitmap
 
 
 class SideError(ValueError):
@@ -206,9 +207,9 @@ def _parse_side(side: bytes, spec: Spec, n: int) -> tuple[np.ndarray, np.ndarray
     start = _SIDE.size
     if len(side) != start + count * (4 + spec.width) + bitmap or bitmap not in (0, -(-n // 8)) or count > n:
         raise SideError("side blob does not match its chunk")
-    positions = np.frombuffer(side, "<u4", count, start)
-    if count and int(positions.max()) >= n:
-        raise SideError("an exception lies outside its chunk")
+    positions = np.cumsum(np.frombuffer(side, "<u4", count, start), dtype=np.int64)
+    if count and (int(positions[-1]) >= n or (count > 1 and not (np.diff(positions) > 0).all())):
+        raise SideError("exceptions out of order or outside their chunk")
     exact = np.frombuffer(side, spec.bits, count, start + 4 * count)
     zeros = None
     if bitmap:
