@@ -49,6 +49,14 @@ def parse_precision(text: str) -> int:
     raise ValueError(f"bad precision {text!r}: use a number of bits that is a multiple of 8 (8, 16, 24, ...) or 'full'")
 
 
+def record_label(record: dict[str, Any], codec: str) -> str:
+    """``float+zstd:3`` / ``elf:1e-06+zstd:3``: a float-record form and the codec of its blobs, for reports."""
+    if not record.get("elf"):
+        return f"float+{codec}"
+    error = record.get("error")
+    return f"elf:{'limit' if error is None else format(error, 'g')}+{codec}"
+
+
 @register
 class FloatRecords(RecordKind):
     kind_id = 2

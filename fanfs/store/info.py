@@ -8,6 +8,7 @@ import numpy as np
 
 from ..codecs import codec_from_config
 from ..records import kinds
+from ..records.floats import record_label
 from ..util.units import human_size
 from .format import FILE
 from .reader import Store
@@ -60,7 +61,8 @@ def _plan_classes(store: Store) -> list[dict[str, Any]]:
         ix = entry["codec_index"]
         stats = store.meta["codec_stats"].get(str(ix), {"files": 0, "raw": 0, "stored": 0})
         codec = codec_from_config(store.meta["codecs"][ix], store.index.dictionaries)
-        out.append({"class": name, "codec": codec.spec, "files": stats["files"], "raw": stats["raw"],
+        record = entry.get("record")
+        out.append({"class": name, "codec": record_label(record, codec.spec) if record else codec.spec, "files": stats["files"], "raw": stats["raw"],
                     "stored": stats["stored"], "measured": entry.get("measured", True),
                     "ratio": round(stats["raw"] / stats["stored"], 3) if stats["stored"] else None,
                     "predicted_ratio": entry.get("predicted_ratio")})

@@ -15,6 +15,7 @@ from typing import Any
 
 from ...codecs import Codec, Zstd
 from ...records.floatcode import ELF_DTYPES, SPECS, Coding, elf_bits
+from ...records.floats import record_label
 
 _SIZES = struct.Struct("<II")  # raw and stored size of each blob in a probe's output
 _DTYPE_OF_WIDTH = {2: "f16", 4: "f32", 8: "f64"}
@@ -43,8 +44,7 @@ class FloatRecordProbe(Codec):
 
     @property
     def spec(self) -> str:
-        form = "float" if not self.elf else f"elf:{'limit' if self.error is None else format(self.error, 'g')}"
-        return f"{form}+{self.blob_codec.spec}" + (f"/w{self.width}" if self.width != 4 else "")
+        return record_label(self.record, self.blob_codec.spec)
 
     def get_config(self) -> dict[str, Any]:
         return {"id": self.codec_id, "width": self.width, "elf": self.elf, "error": self.error,
