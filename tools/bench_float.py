@@ -65,11 +65,12 @@ def planes_plan(path: Path, width: int) -> None:
 def ratios(base: Path, srcs: dict[str, Path]) -> tuple[dict[str, dict[str, float]], dict[str, Path]]:
     out: dict[str, dict[str, float]] = {}
     stores = {}
+    (base / "stores").mkdir()
     for name, src in srcs.items():
         out[name] = {}
         width = 2 if ("f16" in name or "bf16" in name) else 4
         for method, options in METHODS:
-            store = base / "stores" / f"{src.name}-{method.replace(' ', '_')}"
+            store = base / "stores" / f"{src.name}-{method.replace(' ', '_').replace(':', '')}"
             if options is None:
                 planes_plan(base / f"plan{width}.json", width)
                 options = ["--plan", str(base / f"plan{width}.json")]

@@ -27,6 +27,10 @@ typical use:
   fanfs mount /scratch/imagenet.fanfs /tmp/imagenet --fidelity 5
   python train.py --data /tmp/imagenet
   fanfs umount /tmp/imagenet
+
+model weights and arrays (.npy, safetensors) at a chosen precision:
+  fanfs pack ~/models /scratch/models.fanfs --float-records
+  fanfs mount /scratch/models.fanfs /tmp/models --precision 16
 """
 
 
