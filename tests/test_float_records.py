@@ -90,7 +90,8 @@ def test_floats_are_found_by_content_and_the_rest_is_listed(floats):
     src, keep, stores = floats
     store, done = stores["lossless"]
     for path, why in keep.items():
-        assert any(line.startswith(f"  kept as is: {src / path}: ") and why in line for line in done.stdout.splitlines()), path
+        lines = done.stdout.splitlines()
+        assert any(line.startswith(f"  kept as is: {src / path}: ") and why in line for line in lines), path
     s = Store(str(store))
     expected = [p for p in original_files(src) if p not in keep and not p.startswith("notes/")]
     assert _records(s) == expected and len(expected) >= 14
@@ -174,7 +175,8 @@ def test_verify_catches_a_value_beyond_the_bound(floats, tmp_path):
     values = np.load(target)
     values[7, 7] += 1e-4
     np.save(target, values)
-    os.utime(target, ns=((src / "real/minilm_f32.npy").stat().st_atime_ns, (src / "real/minilm_f32.npy").stat().st_mtime_ns))
+    before = (src / "real" / "minilm_f32.npy").stat()
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
     done = fanfs("verify", stores["elf"][0], "--against", copy, "--quiet", check=False)
     assert done.returncode == 1 and "minilm_f32.npy: a value differs from the source by more than 1e-06" in done.stderr
 
@@ -208,7 +210,8 @@ def test_mount_every_precision_same_sizes_loaders_agree_fewer_bytes(floats, moun
                     assert np.array_equal(torch.from_numpy(np.load(mnt / path)).numpy(), a, equal_nan=True)
                 elif "bf16" not in path:
                     a, b = load_file(str(mnt / path)), load_file(str(src / path))
-                    assert {k: (v.shape, v.dtype) for k, v in a.items()} == {k: (v.shape, v.dtype) for k, v in b.items()}
+                    assert {k: (v.shape, v.dtype) for k, v in a.items()} == \
+                        {k: (v.shape, v.dtype) for k, v in b.items()}
                     assert {k: tuple(v.shape) for k, v in torch_load_file(str(mnt / path)).items()} == \
                         {k: v.shape for k, v in b.items()}
             stats = json.loads(fanfs("stats", mnt, "--json").stdout)
@@ -293,3 +296,13 @@ def test_real_minilm_whole(tmp_path):
         s.close()
     assert 1.17 <= ratios["lossless"] < 1.25  # the mantissa bits are noise: ~1.20 is the order-0 limit
     assert ratios["limit"] >= 1.5
+
+
+def test_a_format1_index_cannot_hold_float_records(tmp_path):
+    """fanfs 0.1 refuses format 2 by its version; a format-1 header over float records is refused too."""
+    store = tmp_path / "store"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "format2" / "store", store)
+    meta, columns, _ = read_index(str(store / INDEX_NAME))
+    write_index(str(store / INDEX_NAME), {**meta, "format": 1}, {k: np.array(v) for k, v in columns.items()})
+    with pytest.raises(StoreError, match="float records in a store of format 1"):
+        Store(str(store))

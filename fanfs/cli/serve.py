@@ -97,9 +97,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
+    from ..records import FULL, Presentation
     from ..serve.control import request
-    from ..serve.fusefs import describe
-    from ..records import Presentation
     if args.fidelity is None and args.precision is None:
         raise UsageError("say what to change: --fidelity K|full|auto:SSIM and/or --precision BITS|full")
     settings = {}
@@ -108,8 +107,8 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     if args.fidelity is not None:
         settings["fidelity"] = _resolve_fidelity(request(args.mountpoint, {"cmd": "status"})["store"], args.fidelity)
     answer = request(args.mountpoint, {"cmd": "present", **settings}, timeout=600)
-    shown = Presentation(**{name: answer[name] for name in Presentation._fields})
-    print(f"{args.mountpoint}: {describe(shown)} for files opened from now on "
+    shown = ", ".join(f"{name} {'full' if answer[name] == FULL else answer[name]}" for name in Presentation._fields)
+    print(f"{args.mountpoint}: {shown} for files opened from now on "
           f"({answer['invalidated']:,} cached names invalidated; files already open keep their bytes)")
     return 0
 

@@ -175,7 +175,7 @@ class Coding:
             out = codes | t(1 << (missing - 1))
         else:  # the middle, in value, of [kept bits + 0..0, kept bits + 1..1], the latter capped at the largest finite
             sign_bit = t(1 << (8 * spec.width - 1))
-            largest = t(((((1 << spec.exp_bits) - 1) << spec.mant_bits) - 1))
+            largest = t((((1 << spec.exp_bits) - 1) << spec.mant_bits) - 1)
             low = codes & ~sign_bit
             high = np.minimum(low | t((1 << missing) - 1), largest)
             middle = spec.from_float64(spec.to_float64(low) / 2 + spec.to_float64(high) / 2)
@@ -213,5 +213,6 @@ def _parse_side(side: bytes, spec: Spec, n: int) -> tuple[np.ndarray, np.ndarray
     exact = np.frombuffer(side, spec.bits, count, start + 4 * count)
     zeros = None
     if bitmap:
-        zeros = np.unpackbits(np.frombuffer(side, np.uint8, bitmap, start + count * (4 + spec.width)), count=n).view(bool)
+        packed = np.frombuffer(side, np.uint8, bitmap, start + count * (4 + spec.width))
+        zeros = np.unpackbits(packed, count=n).view(bool)
     return positions, exact, zeros

@@ -27,7 +27,7 @@ WIDTH = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 @dataclass
 class ValueMap:
-    """The float values of a file: ``dtype`` (f16, bf16, f32, f64) and segments of ``counts[i]`` values at ``offsets[i]``."""
+    """A file's float values: ``dtype`` (f16, bf16, f32, f64), ``counts[i]`` values at file offset ``offsets[i]``."""
 
     dtype: str
     offsets: list[int]

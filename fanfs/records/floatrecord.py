@@ -67,8 +67,10 @@ def parse_layout(ix: Columns, entry: int, head: bytes, chunk: int) -> Layout:
     counts = np.frombuffer(head, "<u8", segments, HEADER.size + 8 * segments).astype(np.int64)
     if segments == 0 or (counts == 0).any() or (counts > values).any() or int(counts.sum()) != values:
         raise ValueError("value segments do not add up")
+    if (offsets < 0).any() or (offsets > size).any():
+        raise ValueError("value segments lie outside the file")
     ends = offsets + counts * spec.width
-    if (offsets[1:] < ends[:-1]).any() or int(ends[-1]) > size or (offsets < 0).any():
+    if (offsets[1:] < ends[:-1]).any() or int(ends[-1]) > size:
         raise ValueError("value segments overlap or lie outside the file")
     chunks = -(-values // chunk_values)
     skeleton = -(-other // chunk)
