@@ -6,10 +6,11 @@ import logging
 import os
 import sys
 
-from fanfs.cluster.world import World, expand, load_index
-from fanfs.cluster.placement import place
-from fanfs.cluster.stage import stage
-from fanfs.store.sources import LocalShards
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's fanfs, not another
+from fanfs.cluster.world import World, expand, load_index  # noqa: E402
+from fanfs.cluster.placement import place  # noqa: E402
+from fanfs.cluster.stage import stage  # noqa: E402
+from fanfs.store.sources import LocalShards  # noqa: E402
 
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 world = World.detect()
