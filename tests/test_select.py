@@ -336,3 +336,31 @@ def test_selected_plan_packs_and_reads_back(mixed, measured, tmp_path, mount):
     with mount(store) as mnt:
         for p in sorted((mixed / "text").iterdir())[:20] + sorted((mixed / "arrays").iterdir()):
             assert (mnt / p.relative_to(mixed)).read_bytes() == p.read_bytes()
+
+
+def test_float_class_measures_float_records_and_elf_and_a_plan_can_choose_them(tmp_path):
+    """Issue 12.4: real weights; ELF only when select is given --float-error; pack --plan makes the records."""
+    from float_samples import silero
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(silero(), src / "silero.safetensors")
+    plain = json.loads(fanfs("select", src, "--json", "--sample-cap", "2M").stdout)
+    floats = next(c for c in plain["classes"] if c["class"] == "float")
+    families = {c["spec"].split("+")[0] for c in floats["candidates"]}
+    assert "float" in families and not any(f.startswith("elf") for f in families)
+    lossless = [c for c in floats["candidates"] if c["spec"].startswith("float+")]
+    assert all(c["record"] == {"kind": "float", "elf": False, "error": None} and c["decode_MBps"] > 0 for c in lossless)
+    assert max(c["ratio"] for c in lossless) > 1.2  # silero: ~1.28 as float records
+    plan_file = tmp_path / "plan.json"
+    report = json.loads(fanfs("select", src, "--json", "--sample-cap", "2M", "--float-error", "1e-4",
+                              "-o", plan_file).stdout)
+    floats = next(c for c in report["classes"] if c["class"] == "float")
+    chosen = next(c for c in floats["candidates"] if c["chosen"])
+    assert chosen["spec"].startswith("elf:0.0001+") and chosen["ratio"] > 2  # ELF 1e-4 beats every lossless form
+    assert Plan.load(str(plan_file)).record("float") == {"kind": "float", "elf": True, "error": 1e-4}
+    store = tmp_path / "store"
+    done = fanfs("pack", src, store, "--plan", plan_file, "--quiet")
+    assert "1 float records" in done.stdout and "LOSSY" in done.stderr
+    info = fanfs("info", store).stdout
+    assert "LOSSY" in info and "elf:0.0001+zstd" in info
+    assert fanfs("verify", store, "--against", src, "--quiet").stdout.startswith("ok:")

@@ -15,6 +15,7 @@ import os
 import random
 import time
 
+import numpy as np
 import pytest
 import xxhash
 from conftest import fanfs
@@ -22,6 +23,7 @@ from jpeg_samples import make_photo_set
 from PIL import Image
 
 from fanfs.serve.control import request
+from fanfs.records.floats import FloatRecords
 from fanfs.records.jpeg import JpegRecords
 from fanfs.store import FULL, Store
 
@@ -101,3 +103,66 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
             with open(mnt / name, "rb") as f:
                 assert os.fstat(f.fileno()).st_size == len(expected) and f.read() == expected, name
         s.close()
+
+
+def _mixed_reader(args: tuple[str, list[str], dict[str, set[int]], float, int, set[str]]) -> tuple[int, list[str]]:
+    """Like _reader, for JPEG and float records: every read is one presentation; .npy records load."""
+    mnt, names, valid, deadline, seed, loadable = args
+    rng = random.Random(seed)
+    reads, problems = 0, []
+    while time.monotonic() < deadline:
+        name = rng.choice(names)
+        with open(os.path.join(mnt, name), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read()
+        reads += 1
+        if len(data) != size:
+            problems.append(f"{name}: read {len(data)} bytes, fstat said {size}")
+        elif xxhash.xxh3_64_intdigest(data) not in valid[name]:
+            problems.append(f"{name}: {len(data)} bytes that are no presentation of the record")
+        elif name in loadable:
+            try:
+                np.load(io.BytesIO(data))
+            except Exception as err:  # noqa: BLE001 - any load failure is the finding
+                problems.append(f"{name}: does not load: {err}")
+    return reads, problems
+
+
+def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monkeypatch):
+    """Issue 12: float --precision and JPEG --fidelity switch independently, with the same guarantee."""
+    from float_samples import make_float_tree
+    src = tmp_path / "src"
+    make_float_tree(src, photos=12)
+    store = tmp_path / "store"
+    fanfs("pack", src, store, "--progressive-jpeg", "--float-records", "--shard-size", "2M", "--quiet")
+    s = Store(str(store))
+    names, valid, loadable = [], {}, set()
+    for entry in np.flatnonzero(s.index.type == 1).tolist():
+        name = os.fsdecode(s.index.path(entry))
+        views = range(1, int(s.index.layers[entry]) + 1) if s.index.record[entry] else [FULL]
+        valid[name] = {xxhash.xxh3_64_intdigest(s.read(entry, 0, s.size_at(entry, k), k)) for k in [*views, FULL]}
+        names.append(name)
+        if s.index.record[entry] == FloatRecords.kind_id and name.endswith(".npy"):
+            loadable.add(name)
+    s.close()
+    monkeypatch.setenv("FANFS_DEBUG_INVALIDATE_DELAY", "0.003")
+    settings = [{"precision": 8}, {"fidelity": 1}, {"precision": FULL}, {"fidelity": 3}, {"precision": 16},
+                {"fidelity": FULL}, {"precision": 24}, {"fidelity": 2}]
+    with mount(store, "--precision", "16", "--fidelity", "2") as mnt:
+        deadline = time.monotonic() + SECONDS * 0.75
+        with mp.get_context("fork").Pool(6) as pool:
+            pending = pool.map_async(_mixed_reader, [(str(mnt), names, valid, deadline, seed, loadable)
+                                                        for seed in range(6)])
+            switches = 0
+            while time.monotonic() < deadline:
+                setting = settings[switches % len(settings)]
+                answer = request(mnt, {"cmd": "present", **setting}, timeout=60)
+                assert all(answer[k] == v for k, v in setting.items())
+                switches += 1
+                time.sleep(0.15)
+            results = pending.get(timeout=120)
+    reads = sum(r for r, _ in results)
+    problems = [p for _, ps in results for p in ps]
+    print(f"{reads} reads by 6 processes, {switches} switches: {len(problems)} torn or unloadable")
+    assert switches >= 10 and reads >= 500
+    assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"

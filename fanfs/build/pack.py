@@ -29,7 +29,7 @@ from .. import __version__
 from ..codecs import Codec, Raw, Zstd
 from ..records import RecordKind
 from ..records.plain import CHUNK_SIZE
-from ..store.format import FILE, FORMAT_VERSION, INDEX_NAME, SHARD_DIR, shard_name
+from ..store.format import FILE, INDEX_NAME, SHARD_DIR, shard_name
 from ..store.index import build_index
 from ..store.walk import Tree, walk
 from ..util.progress import Progress
@@ -264,8 +264,10 @@ def _write_index(tmp: str, tree: Tree, opts: PackOptions, store_id: bytes, codec
     records = {kind.name: {"files": int(((cols["record"] == kind.kind_id) & file_rows).sum()),
                            "fallbacks": sum(1 for k, _, _ in fallbacks if k == kind.name), **(kind.pack_config() or {})}
                for kind in opts.kinds}
+    held = [kind for kind in opts.kinds if records[kind.name]["files"]]
     meta = {
-        "format": FORMAT_VERSION, "store_id": store_id.hex(), "fanfs": __version__,
+        "format": max([1, *(kind.since_format for kind in held)]),  # older fanfs keep reading what they can
+        "store_id": store_id.hex(), "fanfs": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "source": os.fsdecode(tree.root), "chunk_size": CHUNK_SIZE,
         "codecs": [c.get_config() for c in codecs],

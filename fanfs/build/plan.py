@@ -6,7 +6,9 @@ The plan file is JSON::
      "fanfs": "0.1.0", "created": "...", "host": "...", "source": "...",
      "constraint": {...},                   # what the choice was made for (mode, rate, threads, ...)
      "classes": {"text": {"codec": {"id": "zstd", "level": 19, "dict": "text"},
-                          "ratio": 4.9, "decode_MBps": 812.0, "measured": true}, ...},
+                          "ratio": 4.9, "decode_MBps": 812.0, "measured": true},
+                 "float": {"codec": {"id": "zstd", "level": 3},    # optional "record": the files become
+                           "record": {"kind": "float", "elf": false, "error": null}, ...}, ...},  # float records
      "dictionaries": {"text": "<base64 of the zstd dictionary>"}}
 
 For pack it is a codec table with one entry per class in :data:`fanfs.classify.CLASSES` order (two
@@ -37,6 +39,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def _is_float_record(record: Any) -> bool:
+    error = record.get("error") if isinstance(record, dict) else None
+    return (isinstance(record, dict) and record.get("kind") == "float" and isinstance(record.get("elf"), bool)
+            and (error is None or (type(error) in (int, float) and 0 < error < float("inf"))))
+
+
 class PlanError(UsageError):
     """A plan file that this fanfs cannot use (one-line reason)."""
 
@@ -64,6 +72,10 @@ class Plan:
             except (TypeError, ValueError) as err:
                 raise PlanError(f"plan class {name!r}: bad codec config {dict(config)!r}: {err}") from None
             entry["codec"] = codec.get_config()
+            record = entry.get("record")
+            if record is not None and not (name == "float" and _is_float_record(record)):
+                raise PlanError(f"plan class {name!r}: bad record {record!r} (only the float class may name "
+                                "{\"kind\": \"float\", \"elf\": true|false, \"error\": EPS|null})")
             self.table[name] = entry
             self._codecs.append(codec)
         self._index = {name: i for i, name in enumerate(CLASSES)}
@@ -74,6 +86,10 @@ class Plan:
 
     def codec_index(self, data: bytes) -> int:
         return self._index[classify(data)]
+
+    def record(self, name: str) -> dict[str, Any] | None:
+        """The record form a class's files take (float records, lossless or ELF), or None: as they are."""
+        return self.table[name].get("record")
 
     def dictionaries(self) -> dict[str, bytes]:
         used = {c["codec"].get("dict") for c in self.table.values()}
@@ -90,6 +106,7 @@ class Plan:
             "constraint": self.info.get("constraint"),
             "classes": {name: {"codec_index": i, "codec": self.table[name]["codec"],
                                "predicted_ratio": self.table[name].get("ratio"),
+                               "record": self.table[name].get("record"),
                                "measured": bool(self.table[name].get("measured", True))}
                         for i, name in enumerate(CLASSES)},
         }

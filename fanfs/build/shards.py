@@ -21,7 +21,7 @@ from ..codecs import Codec
 from ..errors import FanfsError
 from ..records import Packed, RecordKind
 from ..records.plain import PlainFiles
-from ..store.format import SHARD_HEADER, shard_header
+from ..store.format import shard_header
 from ..util.checksum import Digest, checksum
 from ..util.files import open_regular
 

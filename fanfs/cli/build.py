@@ -6,9 +6,13 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..util.units import human_rate, human_size
 from .args import positive, positive_size, print_json, size
+
+if TYPE_CHECKING:
+    from ..records import RecordKind
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -25,9 +29,16 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.plan:
         from ..build.plan import Plan
         options.plan = Plan.load(args.plan)
+    floats = _float_records(args, options.plan)
+    if floats is not None:
+        options.kinds.append(floats)
     report = pack(args.src, args.store, options, on_warning=lambda text: print(f"fanfs: warning: {text}",
                                                                                 file=sys.stderr))
     ratio = report.bytes_in / report.bytes_stored if report.bytes_stored else float("nan")
+    if floats is not None and floats.elf:
+        print(f"fanfs: note: LOSSY store: float32/float64 values are kept with ELF, each within "
+              f"{'the last mantissa bit' if floats.error is None else format(floats.error, 'g')} of its source",
+              file=sys.stderr)
     print(f"packed {report.files:,} files, {report.dirs:,} dirs, {report.symlinks:,} symlinks: "
           f"{human_size(report.bytes_in)} -> {human_size(report.bytes_stored)} (ratio {ratio:.2f}) "
           f"in {report.shards:,} shards, {report.seconds:.1f} s ({human_rate(report.bytes_in / max(report.seconds, 1e-9))})")
@@ -43,6 +54,34 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+class FloatError:
+    """``--float-error``: an absolute bound above 0, or ``limit`` (ELF within the dtype's last mantissa bit)."""
+
+    def __init__(self, text: str) -> None:
+        self.bound: float | None = None
+        if text.strip().lower() == "limit":
+            return
+        try:
+            self.bound = float(text)
+        except ValueError:
+            self.bound = -1.0
+        if not 0 < self.bound < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected an error bound above 0 (e.g. 1e-6) or 'limit', got {text!r}")
+
+
+def _float_records(args: argparse.Namespace, plan: object) -> "RecordKind | None":
+    """The float-record kind asked for: by --float-records / --float-error, else by the plan's float class."""
+    from ..records.floats import FloatRecords
+    if args.float_error is not None:
+        return FloatRecords(elf=True, error=args.float_error.bound)
+    if args.float_records:
+        return FloatRecords()
+    record = plan.record("float") if plan is not None else None  # type: ignore[attr-defined]
+    if record:
+        return FloatRecords(elf=bool(record.get("elf")), error=record.get("error"))
+    return None
+
+
 def cmd_select(args: argparse.Namespace) -> int:
     from ..build.select import Demand, format_report, make_plan, parse_fraction, parse_rate, plot, select, selection_json
     demand = Demand(mode=args.mode, rate=parse_rate(args.rate) if args.rate else None,
@@ -52,7 +91,8 @@ def cmd_select(args: argparse.Namespace) -> int:
     fraction = parse_fraction(args.sample)
     if not 0 < fraction <= 1:
         raise ValueError(f"--sample must be more than 0% and at most 100%, not {args.sample}")
-    sel = select(args.src, demand, fraction=fraction, cap=args.sample_cap, seed=args.seed, jobs=args.jobs)
+    sel = select(args.src, demand, fraction=fraction, cap=args.sample_cap, seed=args.seed, jobs=args.jobs,
+                 float_error=False if args.float_error is None else args.float_error.bound)
     if args.json:
         print_json(selection_json(sel))
     else:
@@ -89,6 +129,12 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                    help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities")
     p.add_argument("--scan-script", metavar="FILE", help="jpegtran scan script for the progressive records")
     p.add_argument("--plan", metavar="FILE", help="per-class codecs chosen by fanfs select -o FILE (overrides --codec)")
+    p.add_argument("--float-records", action="store_true",
+                   help="store the values of .npy and safetensors files (found by content) as byte planes, so mounts "
+                        "can present them at a lower --precision; lossless")
+    p.add_argument("--float-error", type=FloatError, metavar="EPS|limit", default=None,
+                   help="like --float-records, but float32/float64 values are stored with ELF, each within EPS of "
+                        "its source (LOSSY; 'limit': within the last mantissa bit, e.g. 6e-8 for float32)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     p = command("select", cmd_select, "measure codecs per kind of file on this node and choose, for a demanded "
@@ -111,5 +157,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--plot", metavar="PNG", help="ratio against decode speed per class, feasible region and choice")
     p.add_argument("--sample-cap", type=size, default="16M", help="bytes read per class (default 16M)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--float-error", type=FloatError, metavar="EPS|limit",
+                   help="also measure ELF float records within EPS for float arrays (lossy; lossless float records "
+                        "are always measured)")
     p.add_argument("--jobs", "-j", type=positive, default=1,
                    help="classes measured in parallel (default 1: per-thread speeds on an otherwise idle node)")

@@ -21,6 +21,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         what += f", compared with {args.against}"
     if report.ok:
         print(f"ok: {what}")
+        for note in report.notes:
+            print(f"note: {note}")
         return 0
     print(f"FAILED: {len(report.problems)} problems in {what}")
     return 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from .. import __version__
@@ -27,6 +28,10 @@ typical use:
   fanfs mount /scratch/imagenet.fanfs /tmp/imagenet --fidelity 5
   python train.py --data /tmp/imagenet
   fanfs umount /tmp/imagenet
+
+model weights and arrays (.npy, safetensors) at a chosen precision:
+  fanfs pack ~/models /scratch/models.fanfs --float-records
+  fanfs mount /scratch/models.fanfs /tmp/models --precision 16
 """
 
 
@@ -65,7 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import signal
     interrupts: list[int] = []
 
-    def interrupt(signum: int, frame: object) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+            # Inside the import machinery (a module lock's weakref callback), an exception is printed
+            # as "Exception ignored" and lost: deliver the Ctrl-C again once out of it.
+            signal.raise_signal(signum)
+            return
         interrupts.append(signum)
         raise KeyboardInterrupt
 

@@ -27,6 +27,14 @@ def _resolve_fidelity(store_path: str, text: str) -> int:
     return k
 
 
+def _precision(text: str) -> int:
+    from ..records.floats import parse_precision
+    try:
+        return parse_precision(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     from ..cluster.world import expand
     from ..records import FULL, Presentation
@@ -38,7 +46,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     value = parse_fidelity(args.fidelity)
     auto = value if isinstance(value, float) and args.local_dir else None  # a job resolves auto once
     fidelity = FULL if auto is not None else _resolve_fidelity(args.store, args.fidelity)
-    options = MountOptions(cache_size=args.cache_size, presentation=Presentation(fidelity=fidelity), auto_ssim=auto,
+    presentation = Presentation(fidelity=fidelity, precision=args.precision)
+    options = MountOptions(cache_size=args.cache_size, presentation=presentation, auto_ssim=auto,
                            foreground=args.foreground, allow_other="allow_other" in args.o, debug=args.debug,
                            local_dir=os.path.abspath(expand(args.local_dir)) if args.local_dir else None,
                            replicas=args.replicas, stage=args.stage, peer_timeout=args.peer_timeout)
@@ -90,12 +99,18 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
-    from ..records import FULL
+    from ..records import FULL, Presentation
     from ..serve.control import request
-    status = request(args.mountpoint, {"cmd": "status"})
-    k = _resolve_fidelity(status["store"], args.fidelity)
-    answer = request(args.mountpoint, {"cmd": "present", "fidelity": k}, timeout=600)
-    print(f"{args.mountpoint}: fidelity {'full' if k == FULL else k} for files opened from now on "
+    if args.fidelity is None and args.precision is None:
+        raise UsageError("say what to change: --fidelity K|full|auto:SSIM and/or --precision BITS|full")
+    settings = {}
+    if args.precision is not None:
+        settings["precision"] = args.precision
+    if args.fidelity is not None:
+        settings["fidelity"] = _resolve_fidelity(request(args.mountpoint, {"cmd": "status"})["store"], args.fidelity)
+    answer = request(args.mountpoint, {"cmd": "present", **settings}, timeout=600)
+    shown = ", ".join(f"{name} {'full' if answer[name] == FULL else answer[name]}" for name in Presentation._fields)
+    print(f"{args.mountpoint}: {shown} for files opened from now on "
           f"({answer['invalidated']:,} cached names invalidated; files already open keep their bytes)")
     return 0
 
@@ -118,15 +133,15 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from ..records import FULL
+    from ..records import FULL, Presentation
     from ..serve.control import request
     stats = request(args.mountpoint, {"cmd": "stats"})
     if args.json:
         print_json(stats)
         return 0
     hits, misses = stats["cache_hits"], stats["cache_misses"]
-    fidelity = "full" if stats["fidelity"] == FULL else stats["fidelity"]
-    print(f"mount      {args.mountpoint} -> {stats['store']}  (fidelity {fidelity})")
+    shown = ", ".join(f"{name} {'full' if stats[name] == FULL else stats[name]}" for name in Presentation._fields)
+    print(f"mount      {args.mountpoint} -> {stats['store']}  ({shown})")
     print(f"reads      {stats['reads']:,}   errors {stats['errors']:,}")
     print(f"presented  {human_size(stats['bytes_presented'])}   read from storage {human_size(stats['bytes_stored_read'])}")
     print(f"cache      {hits:,} hits / {misses:,} misses ({100 * hits / max(1, hits + misses):.0f}% hits)")
@@ -152,6 +167,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM",
                    help="present JPEG records as their first K scan groups (a smaller valid JPEG); auto:0.95 "
                         "picks the smallest K whose mean SSIM reaches 0.95 (see 'fanfs fidelity'); default full")
+    p.add_argument("--precision", type=_precision, default="full", metavar="BITS|full",
+                   help="present every value of a float record with its first BITS bits as stored (8, 16, 24, ...; "
+                        "the rest filled to the middle of the interval) and read only those byte planes; default full")
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached (for srun/mpiexec, systemd)")
     p.add_argument("-o", action="append", default=[], metavar="OPTION", help="allow_other: let other users read")
     p.add_argument("--debug", action="store_true", help="log every FUSE request")
@@ -179,9 +197,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("mountpoint")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
 
-    p = command("ctl", cmd_ctl, "change a running mount's fidelity (files opened afterwards get it)")
+    p = command("ctl", cmd_ctl, "change a running mount's fidelity or precision (files opened afterwards get it)")
     p.add_argument("mountpoint")
-    p.add_argument("--fidelity", required=True, metavar="K|full|auto:SSIM")
+    p.add_argument("--fidelity", metavar="K|full|auto:SSIM", help="JPEG records: first K scan groups")
+    p.add_argument("--precision", type=_precision, metavar="BITS|full", help="float records: first BITS bits of each value")
 
     p = command("fidelity", cmd_fidelity, "measure bytes and SSIM/MS-SSIM per fidelity K on sampled JPEG records")
     p.add_argument("store")

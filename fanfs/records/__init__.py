@@ -4,7 +4,9 @@ A store knows its files' bytes only as *blobs* grouped into *layers* (index colu
 the file's blobs, file-major; ``layers``; ``record``: the kind id).  A record kind gives them meaning:
 
 * plain files (:mod:`.plain`): one layer of 1 MiB chunks, presented as the original bytes;
-* progressive JPEG records (:mod:`.jpeg`): one layer per scan, presented as the first K scans + EOI.
+* progressive JPEG records (:mod:`.jpeg`): one layer per scan, presented as the first K scans + EOI;
+* float records (:mod:`.floats`): the values of .npy/safetensors files as byte planes, one layer per
+  plane, presented at a precision (the first 8k bits of each value).
 
 The store, the FUSE front, pack, info and verify hold no per-kind branch: they call a kind through this
 interface, looked up by the id stored in the index.  Adding a kind is one module defining a
@@ -14,7 +16,7 @@ A *view* is a kind's name for one presentation of a file (JPEG: K layers), :data
 file; :class:`Presentation` holds a mount's settings from which each kind derives its files' views.
 """
 
-from . import jpeg, plain  # noqa: F401  (each registers its kind)
+from . import floats, jpeg, plain  # noqa: F401  (each registers its kind)
 from .base import (FULL, Packed, Presentation, Reader, RecordKind, check_presentation, expand, kind_table, kinds,
                    read_all, register)
 

@@ -14,9 +14,18 @@ FULL = 0xFFFF
 
 
 class Presentation(NamedTuple):
-    """A mount's settings: JPEG records at ``fidelity`` layers (FULL: all)."""
+    """A mount's settings: JPEG records at ``fidelity`` layers, float records at ``precision`` bits (FULL: all)."""
 
     fidelity: int = FULL
+    precision: int = FULL
+
+
+class Cache(Protocol):
+    """The store's byte-bounded cache of decoded data (blob numbers; a kind may add keys of its own)."""
+
+    def get(self, key: Any) -> bytes | None: ...
+
+    def put(self, key: Any, data: bytes) -> None: ...
 
 
 class Columns(Protocol):
@@ -40,6 +49,7 @@ class Reader(Protocol):
 
     index: Columns
     chunk_size: int
+    cache: Cache
 
     def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True) -> bytes: ...
 
@@ -74,6 +84,8 @@ class RecordKind:
     name: ClassVar[str]
     label: ClassVar[str]  # plural, for reports: "progressive JPEG records"
     setting: ClassVar[str | None] = None  # the Presentation field this kind's views follow
+    setting_unit: ClassVar[int] = 1  # values of the setting are multiples of this
+    since_format: ClassVar[int] = 1  # the first store format that may hold this kind
 
     def setting_range(self, index: Columns, entries: np.ndarray) -> tuple[int, int]:
         """The values of ``setting`` that mean something for these files (FULL is always allowed)."""
@@ -166,8 +178,11 @@ def check_presentation(index: Columns, presentation: Presentation) -> Presentati
             raise UsageError(f"{name} must be a whole number or full, not {value!r}")
         if value == FULL:
             continue
-        ranges = [kind.setting_range(index, np.flatnonzero(index.record == kind_id))
-                  for kind_id, kind in _REGISTRY.items() if kind.setting == name]
+        mine = [kind for kind in _REGISTRY.values() if kind.setting == name]
+        unit = max((kind.setting_unit for kind in mine), default=1)
+        if value % unit:
+            raise UsageError(f"{name} {value} is not a multiple of {unit}")
+        ranges = [kind.setting_range(index, np.flatnonzero(index.record == kind.kind_id)) for kind in mine]
         ranges = [r for r in ranges if r != (FULL, FULL)]
         if not ranges:
             raise UsageError(f"this store holds no files whose {name} can be chosen: use {name} full")

@@ -20,7 +20,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import FanfsError
+from ..errors import FanfsError, UsageError
+from ..records import FULL, Presentation
 from ..util.runtime import create_private, runtime_dir
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -90,6 +91,23 @@ def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> 
     if "error" in answer:
         raise ControlError(str(answer["error"]))
     return answer
+
+
+def presenter(mountpoint: str, setting: str) -> Callable[[int], dict[str, Any]]:
+    """``apply(value)``: set one presentation setting (``precision``, ``fidelity``) of a running mount.
+
+    Files opened afterwards get it; what is open keeps its bytes.  For :class:`fanfs.tune.schedule.PlateauSchedule`,
+    from the training process (DataLoader workers need nothing: they open files after the change).
+    """
+    if setting not in Presentation._fields:
+        raise UsageError(f"a mount's settings are {', '.join(Presentation._fields)}, not {setting!r}")
+
+    def apply(value: int) -> dict[str, Any]:
+        if type(value) is not int or not 0 < value <= FULL:
+            raise UsageError(f"{setting} must be a positive whole number or FULL, not {value!r}")
+        return request(mountpoint, {"cmd": "present", setting: value}, timeout=600)
+
+    return apply
 
 
 def _recv_line(sock: socket.socket) -> bytes:

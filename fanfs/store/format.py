@@ -26,12 +26,17 @@ from ..errors import StoreError
 from ..util.checksum import checksum  # noqa: F401  (re-exported: the store's checksum)
 from ..util.files import open_regular
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest index format this fanfs writes: 2 when a store holds float records (a kind format 1 lacks), else 1."""
+FORMATS = (1, 2)
+"""Index formats this fanfs reads (every store ever written must keep reading byte-exactly)."""
+SHARD_VERSION = 1
+"""The shard container's version (unchanged by format 2: blobs behind a header)."""
 INDEX_MAGIC = b"FANFSIDX"
 SHARD_MAGIC = b"FANFSSHD"
 INDEX_NAME = "index"
 SHARD_DIR = "shards"
-SHARD_HEADER = struct.Struct("<8sII16s32x")  # magic, format version, shard number, store id
+SHARD_HEADER = struct.Struct("<8sII16s32x")  # magic, shard version, shard number, store id
 
 _INDEX_HEAD = struct.Struct("<8sIIQ")  # magic, version, reserved, JSON length
 _ALIGN = 64
@@ -68,21 +73,24 @@ def shard_name(shard: int) -> str:
 
 
 def shard_header(shard: int, store_id: bytes) -> bytes:
-    return SHARD_HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, shard, store_id)
+    return SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, shard, store_id)
 
 
 def check_shard_header(head: bytes, shard: int, store_id: bytes, where: str) -> None:
     if len(head) < SHARD_HEADER.size:
         raise StoreError(f"{where}: shard is truncated")
     magic, version, number, sid = SHARD_HEADER.unpack_from(head)
-    if magic != SHARD_MAGIC or version != FORMAT_VERSION:
-        raise StoreError(f"{where}: not a fanfs shard of format version {FORMAT_VERSION}")
+    if magic != SHARD_MAGIC or version != SHARD_VERSION:
+        raise StoreError(f"{where}: not a fanfs shard of version {SHARD_VERSION}")
     if number != shard or sid != store_id:
         raise StoreError(f"{where}: shard belongs to another store or position (shard {number})")
 
 
 def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.ndarray]) -> int:
-    """Write the index container durably (temp name, fsync, rename); returns its size."""
+    """Write the index container durably (temp name, fsync, rename); returns its size.
+
+    The container carries the format named by ``meta["format"]``.
+    """
     layout: dict[str, list[Any]] = {}
     offset = 0
     for name, column in columns.items():
@@ -90,7 +98,8 @@ def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.nda
         layout[name] = [column.dtype.str, offset, int(column.size)]
         offset += column.nbytes
     head_json = json.dumps({**meta, "columns": layout}, sort_keys=True).encode()
-    head = _INDEX_HEAD.pack(INDEX_MAGIC, FORMAT_VERSION, 0, len(head_json)) + head_json
+    version = meta.get("format") if meta.get("format") in FORMATS else FORMAT_VERSION  # else: refused when read
+    head = _INDEX_HEAD.pack(INDEX_MAGIC, int(version), 0, len(head_json)) + head_json
     base = -(-len(head) // _ALIGN) * _ALIGN
     digest = xxhash.xxh3_64()
     tmp = path + ".tmp"
@@ -148,8 +157,9 @@ def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memor
     magic, version, _, json_len = _INDEX_HEAD.unpack(pread(_INDEX_HEAD.size, 0))
     if magic != INDEX_MAGIC:
         raise StoreError(f"{path}: not a fanfs index")
-    if version != FORMAT_VERSION:
-        raise StoreError(f"{path}: store format version {version}, this fanfs reads version {FORMAT_VERSION}; "
+    if version not in FORMATS:
+        raise StoreError(f"{path}: store format version {version}, this fanfs reads versions "
+                         f"{', '.join(map(str, FORMATS))}; "
                          "repack the source with this fanfs")
     digest = xxhash.xxh3_64()
     pos, end = 0, size - 8

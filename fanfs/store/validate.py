@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..records import expand, kinds
-from .format import DIR, FILE, FORMAT_VERSION, SHARD_HEADER, SYMLINK
+from .format import DIR, FILE, FORMATS, SHARD_HEADER, SYMLINK
 
 _TOTALS = ("entries", "files", "dirs", "symlinks", "bytes_in", "bytes_presented", "bytes_stored", "shards")
 _MAX_INT = 1 << 62
@@ -53,8 +53,8 @@ def _is_int(value: Any, low: int = 0, high: int = _MAX_INT) -> bool:
 
 
 def _check_meta(meta: dict[str, Any], index: Any) -> None:
-    if meta.get("format") != FORMAT_VERSION:
-        raise _fail(f"format {meta.get('format')!r} in the header, not {FORMAT_VERSION}")
+    if meta.get("format") not in FORMATS or type(meta.get("format")) is not int:
+        raise _fail(f"format {meta.get('format')!r} in the header, not one of {', '.join(map(str, FORMATS))}")
     store_id = meta.get("store_id")
     if not (isinstance(store_id, str) and re.fullmatch(r"[0-9a-f]{32}", store_id)):
         raise _fail("no valid store id")
@@ -222,6 +222,8 @@ def _check_files(index: Any) -> None:
         raise _fail("a blob lies outside its shard")
     for kind_id, kind in known.items():
         mine = files[record == kind_id]
+        if mine.size and kind.since_format > index.meta["format"]:
+            raise _fail(f"{kind.label} in a store of format {index.meta['format']}, which cannot hold them")
         if mine.size:
             problem = kind.check(index, mine)
             if problem:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import FanfsError
-from ..records import FULL
+from ..records import FULL, kinds
 from ..util.checksum import Digest
 from ..util.files import open_regular
 from ..util.progress import Progress
@@ -25,6 +25,7 @@ class VerifyReport:
     files: int = 0
     bytes: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the kinds say of the files (e.g. a lossy bound)
 
     @property
     def ok(self) -> bool:
@@ -42,6 +43,10 @@ def verify(store_path: str, against: str | None = None, progress: bool = True,
         if on_problem:
             on_problem(text)
 
+    for kind_id, kind in kinds().items():
+        entries = np.flatnonzero((store.index.record == kind_id) & (store.index.type == FILE))
+        if entries.size:
+            report.notes += kind.describe(store.index, entries).get("notes", [])
     _verify_shards(store, report, problem, progress)
     _verify_files(store, report, problem, progress)
     if against is not None:

@@ -17,7 +17,10 @@ Sample
 Candidates
     ``raw``; lz4 fast and HC 3, 9, 12; zstd levels 1..19; zstd + the class's trained dictionary at
     levels 1, 3, 9, 15, 19 (small-file classes); for float arrays byte planes (width of the arrays'
-    dtype) + zstd at levels 1, 3, 9, 15, 19.
+    dtype) + zstd at levels 1, 3, 9, 15, 19, and float records (:mod:`fanfs.records.floats`: planes as
+    layers, the form a mount can present at a lower precision) with zstd 1, 3, 9, 19: lossless, and
+    with ``select --float-error EPS`` ELF within EPS too (lossy); a plan that picks one makes pack
+    store the float class's files as such records.
 
 Per candidate (all speeds per thread, MB = 10^6 bytes, raw bytes per second)
     ratio     sum(raw bytes) / sum(stored bytes), a blob that does not shrink counted (and later
@@ -79,7 +82,8 @@ __all__ = ["Demand", "SelectError", "Selection", "format_report", "make_plan", "
 
 
 def select(src: str, demand: Demand, fraction: float = 0.02, cap: int = 16 << 20, seed: int = 0,
-           jobs: int = 1) -> Selection:
+           jobs: int = 1, float_error: float | None | bool = False) -> Selection:
+    """``float_error``: also measure ELF float records for the float class (a bound; None: the dtype's limit)."""
     started = time.monotonic()
     sample = draw_sample(src, fraction, seed)
     if not sample.sampled:
@@ -91,7 +95,7 @@ def select(src: str, demand: Demand, fraction: float = 0.02, cap: int = 16 << 20
     raw_est = {c: sum(f.size * f.weight for f in fs) for c, fs in by_class.items()}
     scale = sample.bytes / max(1.0, sum(raw_est.values()))
     names = [c for c in CLASSES if c in by_class]
-    args = [(c, by_class[c], cap, seed, raw_est[c] * scale) for c in names]
+    args = [(c, by_class[c], cap, seed, raw_est[c] * scale, float_error) for c in names]
     if jobs > 1 and len(args) > 1:
         with process_pool(min(jobs, len(args))) as pool:
             classes = list(pool.map(measure_class, *zip(*args)))

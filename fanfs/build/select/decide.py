@@ -147,6 +147,8 @@ def make_plan(sel: Selection) -> Plan:
         table[cr.name] = {"codec": pick.codec.get_config(), "ratio": round(pick.ratio, 4),
                           "decode_MBps": None if pick.decode_Bps is None else round(pick.decode_Bps / MB, 1),
                           "measured": True}
+        if pick.record:
+            table[cr.name]["record"] = pick.record
         if pick.family == "zstd+dict" and cr.dictionary:
             dictionaries[cr.name] = cr.dictionary
     info = {"fanfs": __version__, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

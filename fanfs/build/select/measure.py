@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...codecs import BytePlanes, Codec, Lz4, Raw, Zstd
+from .floatprobe import FloatRecordProbe
 from .sample import SampledFile, class_units
 
 MB = 1e6
@@ -16,6 +17,7 @@ LZ4_LEVELS = (0, 3, 9, 12)
 ZSTD_LEVELS = tuple(range(1, 20))
 DICT_LEVELS = (1, 3, 9, 15, 19)
 PLANES_LEVELS = (1, 3, 9, 15, 19)
+FLOAT_RECORD_LEVELS = (1, 3, 9, 19)
 DICT_MAX_MEAN_UNIT = 128 << 10  # dictionaries are tried for classes of small files
 DICT_SIZE = 112_640  # zstd's default maximum dictionary size
 ENCODE_BUDGET = 0.15  # seconds of encoding per candidate (at least MIN_ENCODE_BYTES)
@@ -27,7 +29,7 @@ DECODE_MIN_SECONDS = 0.2
 @dataclass
 class Candidate:
     codec: Codec
-    family: str  # raw, lz4, zstd, zstd+dict, planes
+    family: str  # raw, lz4, zstd, zstd+dict, planes, float (float records), elf (ELF float records)
     ratio: float = 1.0
     encode_Bps: float | None = None
     decode_Bps: float | None = None  # None: no decoding (raw)
@@ -36,16 +38,18 @@ class Candidate:
     feasible: bool = True
     chosen: bool = False
     stored: list[int] = field(default_factory=list, repr=False)  # per unit stored size (prefix)
+    record: dict[str, Any] | None = None  # float records: the form the files take (``codec`` compresses its blobs)
+    label: str = ""  # what the candidate is called when ``codec`` alone does not say it
 
     @property
     def spec(self) -> str:
-        return self.codec.spec
+        return self.label or self.codec.spec
 
     def decode_speed(self) -> float:
         return math.inf if self.decode_Bps is None else self.decode_Bps
 
     def to_json(self) -> dict[str, Any]:
-        return {"codec": self.codec.get_config(), "spec": self.spec, "ratio": round(self.ratio, 4),
+        return {"codec": self.codec.get_config(), "spec": self.spec, "record": self.record, "ratio": round(self.ratio, 4),
                 "encode_MBps": None if self.encode_Bps is None else round(self.encode_Bps / MB, 1),
                 "decode_MBps": None if self.decode_Bps is None else round(self.decode_Bps / MB, 1),
                 "feasible": self.feasible, "chosen": self.chosen,
@@ -129,8 +133,12 @@ class ClassResult:
         return next(c for c in self.candidates if c.chosen)
 
 
-def measure_class(name: str, files: list[SampledFile], cap: int, seed: int, bytes_est: float) -> ClassResult:
-    """Measure every candidate of one class on its sample."""
+def measure_class(name: str, files: list[SampledFile], cap: int, seed: int, bytes_est: float,
+                  float_error: float | None | bool = False) -> ClassResult:
+    """Measure every candidate of one class on its sample.
+
+    ``float_error``: also measure ELF float records within this bound (None: at the dtype's limit; False: not).
+    """
     rng = random.Random(f"{seed}:{name}")
     result = ClassResult(name, len(files), sum(f.weight for f in files), bytes_est)
     units = class_units(files, cap, rng)
@@ -146,17 +154,17 @@ def measure_class(name: str, files: list[SampledFile], cap: int, seed: int, byte
         result.notes.append("too little data to train a dictionary")
     result.dictionary = dictionary
 
-    def add(family: str, codec: Codec, ref: Candidate | None = None) -> Candidate:
-        cand = measure(codec, units, None if ref is None else ENCODE_BUDGET)
+    def add(family: str, codec: Codec, ref: Candidate | None = None, over: list[bytes] | None = None) -> Candidate:
+        over = units if over is None else over
+        cand = measure(codec, over, None if ref is None else ENCODE_BUDGET)
         cand.family = family
-        if ref is not None and cand.measured_units < len(units):
+        if ref is not None and cand.measured_units < len(over):
             k = cand.measured_units
-            ref_prefix = sum(units_len[:k]) / max(1, sum(ref.stored[:k]))
+            ref_prefix = sum(map(len, over[:k])) / max(1, sum(ref.stored[:k]))
             cand.ratio *= ref.ratio / ref_prefix
         result.candidates.append(cand)
         return cand
 
-    units_len = [len(u) for u in units]
     add("raw", Raw())
     ref = add("lz4", Lz4(0))
     for level in LZ4_LEVELS[1:]:
@@ -178,6 +186,26 @@ def measure_class(name: str, files: list[SampledFile], cap: int, seed: int, byte
         for level in PLANES_LEVELS:
             cand = add("planes", BytePlanes(width, level), ref)
             ref = ref or cand
+    if widths:
+        _add_float_records(result, files, widths[0], units, cap, f"{seed}:{name}", float_error, add)
     for cand in result.candidates:
         cand.stored = []
     return result
+
+
+def _add_float_records(result: ClassResult, files: list[SampledFile], width: int, units: list[bytes], cap: int,
+                       seed: str, float_error: float | None | bool, add: Any) -> None:
+    """Float-record candidates, measured on the arrays of the class's most common width only (ELF on
+    values read at another width would measure noise)."""
+    same = [f for f in files if f.width == width]
+    if len(same) < len(files):
+        units = class_units(same, cap, random.Random(f"{seed}:{width}"))
+        result.notes.append(f"float records measured on the {width}-byte arrays only")
+    forms = [("float", False, None)] + ([("elf", True, float_error)] if float_error is not False else [])
+    for family, elf, error in forms:
+        ref = None
+        for level in FLOAT_RECORD_LEVELS:
+            probe = FloatRecordProbe(width, level, elf, error)  # type: ignore[arg-type]
+            cand = add(family, probe, ref, units)
+            cand.codec, cand.record, cand.label = probe.blob_codec, probe.record, probe.spec
+            ref = ref or cand

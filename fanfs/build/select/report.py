@@ -51,11 +51,11 @@ def format_report(sel: Selection) -> str:
                      + (f", dictionary {human_size(len(cr.dictionary))} trained on {human_size(cr.train_bytes)}"
                         if cr.dictionary else ""))
         if cr.candidates:
-            lines.append(f"  {'candidate':<20} {'ratio':>7} {'enc MB/s':>9} {'dec MB/s':>9}  {'feasible':<8}  chosen")
+            lines.append(f"  {'candidate':<24} {'ratio':>7} {'enc MB/s':>9} {'dec MB/s':>9}  {'feasible':<8}  chosen")
             for c in cr.candidates:
                 enc = "-" if c.encode_Bps is None else f"{c.encode_Bps / MB:,.1f}"
                 dec = "-" if c.decode_Bps is None else f"{c.decode_Bps / MB:,.1f}"
-                lines.append(f"  {c.spec:<20} {c.ratio:>7.3f} {enc:>9} {dec:>9}  {'yes' if c.feasible else 'no':<8}  "
+                lines.append(f"  {c.spec:<24} {c.ratio:>7.3f} {enc:>9} {dec:>9}  {'yes' if c.feasible else 'no':<8}  "
                              + ("<== chosen" if c.chosen else ""))
             lines.append(f"  chosen: {cr.chosen.spec} (ratio {cr.chosen.ratio:.3f})")
         for note in cr.notes:
@@ -83,7 +83,8 @@ def plot(sel: Selection, path: str) -> None:
     cols = min(3, n)
     rows = -(-n // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
-    colours = {"raw": "black", "lz4": "tab:orange", "zstd": "tab:blue", "zstd+dict": "tab:green", "planes": "tab:purple"}
+    colours = {"raw": "black", "lz4": "tab:orange", "zstd": "tab:blue", "zstd+dict": "tab:green", "planes": "tab:purple",
+               "float": "tab:red", "elf": "tab:brown"}
     for ax, cr in zip(axes.flat, measured):
         speeds = [c.decode_Bps / MB for c in cr.candidates if c.decode_Bps]
         top = max(speeds + [sel.required_Bps / MB, 1.0]) * 3
