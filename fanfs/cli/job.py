@@ -6,7 +6,7 @@ import argparse
 import os
 from collections.abc import Callable
 
-from .args import positive, size
+from .args import positive, precision, size
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -24,6 +24,7 @@ settings (environment; the options of 'job run' win):
   FANFS_MNT       the mount point on each node, {node} for the node's name (default: mnt/ in that directory)
   FANFS_REPLICAS  copies of each shard across the nodes (default 2; 1 on one node)
   FANFS_FIDELITY  K, full or auto:SSIM (default full)
+  FANFS_PRECISION float records' BITS or full (default full)
   FANFS_MPI       srun's --mpi for the nodes' start-up (default pmi2; pmix for a PMIx MPI)
 """
 
@@ -31,11 +32,15 @@ settings (environment; the options of 'job run' win):
 def cmd_job_run(args: argparse.Namespace) -> int:
     from ..cluster.batch import JobSettings, run_job
     from ..cluster.job import LOCAL_VARIABLE, MNT_VARIABLE
+    from ..records.floats import parse_precision
+    from ..tune.fidelity import parse_fidelity
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
     replicas = args.replicas or int(os.environ.get("FANFS_REPLICAS") or (2 if nodes > 1 else 1))
-    settings = JobSettings(nodes=nodes, replicas=min(replicas, nodes),
-                           fidelity=args.fidelity or os.environ.get("FANFS_FIDELITY") or "full",
+    fidelity = args.fidelity or os.environ.get("FANFS_FIDELITY") or "full"
+    bits = args.precision or os.environ.get("FANFS_PRECISION") or "full"
+    parse_fidelity(fidelity), parse_precision(bits)  # a bad setting is one line here, not one per node
+    settings = JobSettings(nodes=nodes, replicas=min(replicas, nodes), fidelity=fidelity, precision=bits,
                            cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2")
     for variable, value in ((LOCAL_VARIABLE, args.local), (MNT_VARIABLE, args.mountpoint)):
         if value:
@@ -46,13 +51,13 @@ def cmd_job_run(args: argparse.Namespace) -> int:
 def cmd_job_serve(args: argparse.Namespace) -> int:
     from ..cluster.job import serve_node
     from ..cluster.world import AgreedError, launched_ranks
-    from ..records import Presentation
+    from ..records import FULL, Presentation
     from ..serve.daemon import MountOptions
     from ..tune.fidelity import parse_fidelity
     value = parse_fidelity(args.fidelity)
-    options = MountOptions(cache_size=args.cache_size, replicas=args.replicas,
-                           presentation=Presentation() if isinstance(value, float) else Presentation(fidelity=value),
-                           auto_ssim=value if isinstance(value, float) else None)
+    auto = isinstance(value, float)  # auto:SSIM, measured once for the job
+    options = MountOptions(cache_size=args.cache_size, replicas=args.replicas, auto_ssim=value if auto else None,
+                           presentation=Presentation(fidelity=FULL if auto else value, precision=args.precision))
     try:
         serve_node(os.path.abspath(args.store), options)
     except AgreedError:
@@ -78,7 +83,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                          description=JOB_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=cmd_job_run)
     p.add_argument("--replicas", type=positive, help="copies of each shard across the nodes ($FANFS_REPLICAS)")
-    p.add_argument("--fidelity", metavar="K|full|auto:SSIM", help="($FANFS_FIDELITY; default full)")
+    p.add_argument("--fidelity", metavar="K|full|auto:SSIM", help="JPEG records ($FANFS_FIDELITY; default full)")
+    p.add_argument("--precision", metavar="BITS|full", help="float records ($FANFS_PRECISION; default full)")
     p.add_argument("--local", metavar="DIR", help="node-local directory for the job's shards ($FANFS_LOCAL)")
     p.add_argument("--mountpoint", metavar="PATH", help="mount point on each node, {node} for its name ($FANFS_MNT)")
     p.add_argument("--cache-size", type=size, default="1G", help="each mount's cache for decoded blobs (default 1G)")
@@ -91,6 +97,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("store")
     p.add_argument("--replicas", type=positive, default=1)
     p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM")
+    p.add_argument("--precision", type=precision, default="full", metavar="BITS|full")
     p.add_argument("--cache-size", type=size, default="1G")
 
     p = steps.add_parser("exec", help="one task of the training command, given its node's mount in $FANFS_MNT")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from ..errors import UsageError
 from ..util.units import human_size
-from .args import positive, print_json, size
+from .args import positive, precision, print_json, size
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -25,14 +25,6 @@ def _resolve_fidelity(store_path: str, text: str) -> int:
     store.close()
     print(note)
     return k
-
-
-def _precision(text: str) -> int:
-    from ..records.floats import parse_precision
-    try:
-        return parse_precision(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -167,7 +159,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM",
                    help="present JPEG records as their first K scan groups (a smaller valid JPEG); auto:0.95 "
                         "picks the smallest K whose mean SSIM reaches 0.95 (see 'fanfs fidelity'); default full")
-    p.add_argument("--precision", type=_precision, default="full", metavar="BITS|full",
+    p.add_argument("--precision", type=precision, default="full", metavar="BITS|full",
                    help="present every value of a float record with its first BITS bits as stored (8, 16, 24, ...; "
                         "the rest filled to the middle of the interval) and read only those byte planes; default full")
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached (for srun/mpiexec, systemd)")
@@ -200,7 +192,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p = command("ctl", cmd_ctl, "change a running mount's fidelity or precision (files opened afterwards get it)")
     p.add_argument("mountpoint")
     p.add_argument("--fidelity", metavar="K|full|auto:SSIM", help="JPEG records: first K scan groups")
-    p.add_argument("--precision", type=_precision, metavar="BITS|full", help="float records: first BITS bits of each value")
+    p.add_argument("--precision", type=precision, metavar="BITS|full", help="float records: first BITS bits of each value")
 
     p = command("fidelity", cmd_fidelity, "measure bytes and SSIM/MS-SSIM per fidelity K on sampled JPEG records")
     p.add_argument("store")

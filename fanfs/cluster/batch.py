@@ -45,6 +45,7 @@ class JobSettings:
     nodes: int
     replicas: int
     fidelity: str = "full"
+    precision: str = "full"
     cache_size: int = 1 << 30
     mpi: str = "pmi2"  # srun's PMI for the serve step's MPI start-up
 
@@ -52,6 +53,7 @@ class JobSettings:
         return ["srun", f"--nodes={self.nodes}", f"--ntasks={self.nodes}", "--ntasks-per-node=1", "--overlap",
                 f"--mpi={self.mpi}", "--kill-on-bad-exit=0",
                 *fanfs, "job", "serve", store, "--replicas", str(self.replicas), "--fidelity", self.fidelity,
+                "--precision", self.precision,
                 "--cache-size", str(self.cache_size)]
 
 
