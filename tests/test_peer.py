@@ -17,7 +17,7 @@ from fanfs.cluster.peer import BYE, HELLO, MAGIC, REQUEST, PeerClient, PeerServe
 from fanfs.cluster.placement import place
 from fanfs.store import Store
 from fanfs.store.format import SHARD_DIR
-from fanfs.store.sources import LocalShards
+from fanfs.store.sources import HeldShards
 
 SECRET = b"s" * 32
 
@@ -32,8 +32,8 @@ def served(tmp_path_factory):
     store = Store(str(base / "store"))
     placement = place(store.index.blob_stored, 2, 1)
     byes = []
-    server = PeerServer(listen("127.0.0.1"), store.index, placement, 1, LocalShards(str(base / "store" / SHARD_DIR), store.id),
-                        SECRET, store.id, on_bye=byes.append)
+    held = HeldShards(str(base / "store" / SHARD_DIR), store.id, placement.held(1))
+    server = PeerServer(listen("127.0.0.1"), store.index, held, SECRET, store.id, on_bye=byes.append)
     server.start()
     yield store, placement, server, byes
     server.close()
@@ -59,7 +59,7 @@ def test_what_must_not_be_served_is_refused(served):
     store, placement, server, _ = served
     c = client(server, store=store)
     theirs = next(b for b in range(store.index.blob_offset.size) if not placement.holds(1, b))
-    for blob, why in ((theirs, "not placed on this node"), (10**9, "no blob")):
+    for blob, why in ((theirs, "not held by this node"), (10**9, "no blob")):
         with pytest.raises(OSError, match=why):
             c.read(1, blob)
     refused_before = server.stats()["refused"]

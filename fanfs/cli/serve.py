@@ -56,19 +56,26 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
+    from ..cluster.node import job_fidelity
     from ..cluster.stage import stage
     from ..cluster.world import World, expand, load_index
+    from ..records import Presentation, check_presentation
+    from ..tune.fidelity import parse_fidelity
+    value = parse_fidelity(args.fidelity)
     world = World.detect()
     try:
         store = os.path.abspath(expand(args.store))
-        report = stage(store, os.path.abspath(expand(args.local_dir)), args.replicas, world, load_index(store, world),
-                       progress=not args.quiet)
+        index = load_index(store, world)
+        k = job_fidelity(world, store, index, value) if isinstance(value, float) else value
+        presentation = check_presentation(index, Presentation(fidelity=k, precision=args.precision))
+        report = stage(store, os.path.abspath(expand(args.local_dir)), args.replicas, world, index,
+                       presentation=presentation, progress=not args.quiet)
     finally:
         world.finalize()
     if report is not None:
         if args.json:
             import dataclasses
-            print_json(dataclasses.asdict(report))
+            print_json({**dataclasses.asdict(report), "presentation": report.presentation._asdict()})
         else:
             print(report.format())
     return 0
@@ -140,6 +147,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"decode     {stats['decode_seconds']:.3f} s")
     if stats["stored_by_layer"]:
         print("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"])))
+    if "staged" in stats:
+        staged = ", ".join(f"{name} {value}" for name, value in stats["staged"].items() if value != FULL) or "full"
+        print(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
     if "cluster" in stats:
         c = stats["cluster"]
         print(f"node       rank {c['rank']} of {c['nodes']}, {c['local_blobs']:,} blobs held, {c['replicas']} replicas")
@@ -168,7 +178,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--local-dir", metavar="DIR", help="this node's staged shards (see 'fanfs stage'); under "
                    "mpiexec/srun, peers serve the shards this node lacks over MPI (needs --foreground)")
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
-    p.add_argument("--stage", action="store_true", help="stage this node's shards into --local-dir first")
+    p.add_argument("--stage", action="store_true", help="stage this node's shards into --local-dir first, only the "
+                   "layers read at --fidelity/--precision (higher ones are then read from the shared store)")
     p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for a peer before asking the next holder (default 5)")
 
@@ -177,6 +188,11 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("store")
     p.add_argument("local_dir", metavar="LOCAL_DIR")
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
+    p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM",
+                   help="stage only the first K layers of JPEG records (a prefix of each shard): the local disk "
+                        "holds more; a mount reads the layers above K from the shared store (default full)")
+    p.add_argument("--precision", type=precision, default="full", metavar="BITS|full",
+                   help="the same for float records (staged whole for now: see the README)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="the report as JSON (per node: bytes copied, seconds)")
 

@@ -20,28 +20,29 @@ import os
 import secrets
 from collections.abc import Callable
 
+import numpy as np
+
 from ..errors import FanfsError, StoreError
-from ..records import FULL, check_presentation
+from ..records import FULL, Presentation, blobs_read, check_presentation
 from ..serve.control import MountLock
 from ..serve.daemon import MountOptions, check_mountpoint, setup_logging, start
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
-from ..store.sources import LocalShards
 from ..tune.fidelity import auto_fidelity
 from .handoff import Handoff
 from .placement import Placement, place
 from .serving import Plan, daemon_main
-from .stage import held_parts, stage
+from .stage import held_parts, stage, staged_presentation, staged_share, staged_stats
 from .world import World, launched_ranks, load_index
 
 log = logging.getLogger("fanfs")
 
 
-def missing_shards(directory: str, placement: Placement, rank: int, index: Index) -> list[int]:
-    """Shards of which this node holds blobs but has no local copy of full size."""
+def missing_shards(directory: str, placement: Placement, rank: int, index: Index, staged: np.ndarray) -> list[int]:
+    """Shards of which this node holds staged blobs but has no local copy of full size."""
     missing = []
-    for part in held_parts(index, placement, rank):
+    for part in held_parts(index, placement, rank, staged):
         try:
             if os.stat(os.path.join(directory, shard_name(part.shard))).st_size == int(index.shard_size[part.shard]):
                 continue
@@ -96,17 +97,27 @@ def _mount_alone(store_root: str, mountpoint: str, options: MountOptions, lock: 
     if options.auto_ssim is not None:
         options = _with_fidelity(options, job_fidelity(world, store_root, index, options.auto_ssim))
     check_presentation(index, options.presentation)
-    if options.stage:
-        report = stage(store_root, options.local_dir, options.replicas, world, index)
-        if report is not None:
-            print(report.format(), flush=True)
-    missing = missing_shards(options.local_dir, place(index.blob_stored, 1, 1), 0, index)
+    staged = _stage_if_asked(store_root, options, world, index)
+    placement = place(index.blob_stored, 1, 1)
+    share = staged_share(store_root, options.local_dir, index, staged, placement.held(0))
+    missing = missing_shards(options.local_dir, placement, 0, index, share.staged)
     if missing:
         raise StoreError(f"{options.local_dir}: {len(missing)} of the store's shards are missing or incomplete "
                          f"(first: {shard_name(missing[0])}): run 'fanfs stage' or mount with --stage")
-    local = LocalShards(options.local_dir, bytes.fromhex(index.meta["store_id"]))
-    return start(Store(store_root, cache_size=options.cache_size, sources=[local], check_shards=False, index=index),
-                 mountpoint, options, lock=lock)
+    store = Store(store_root, cache_size=options.cache_size, sources=[share.local, share.shared], check_shards=False,
+                  index=index, is_local=lambda entry, view: view <= store.view(entry, staged))
+    return start(store, mountpoint, options, lock=lock, extra_stats=lambda: staged_stats(share, store.stats.by_source))
+
+
+def _stage_if_asked(store_root: str, options: MountOptions, world: World, index: Index) -> Presentation:
+    """Stage at the mount's presentation if asked (collective); the presentation the local copies hold."""
+    assert options.local_dir is not None
+    if options.stage:
+        report = stage(store_root, options.local_dir, options.replicas, world, index, presentation=options.presentation)
+        if report is not None:
+            print(report.format(), flush=True)
+        return options.presentation
+    return staged_presentation(options.local_dir, index.meta["store_id"]) or Presentation()
 
 
 def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
@@ -144,18 +155,15 @@ def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
         if options.auto_ssim is not None:
             options = _with_fidelity(options, job_fidelity(world, store_root, index, options.auto_ssim))
         world.agree(_problem(lambda: check_presentation(index, options.presentation)))
-        if options.stage:
-            report = stage(store_root, options.local_dir, options.replicas, world, index)
-            if report is not None:
-                print(report.format(), flush=True)
+        staged = _stage_if_asked(store_root, options, world, index)
         placement = place(index.blob_stored, world.size, options.replicas)
-        missing = missing_shards(options.local_dir, placement, world.rank, index)
+        missing = missing_shards(options.local_dir, placement, world.rank, index, blobs_read(index, staged))
         if missing:
             log.warning("%s: %d shard copies of this node are missing or incomplete (first: %s); their reads go "
                         "to replicas", options.local_dir, len(missing), shard_name(missing[0]))
         secret = world.bcast(secrets.token_bytes(32) if world.rank == 0 else None)
         endpoints = world.allgather(tuple(value))  # the job's last MPI call: from here on peers are sockets
-        child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, secret, options))
+        child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, secret, options, staged))
     except BaseException:
         try:
             child.send(None)  # the daemon leaves without serving

@@ -10,8 +10,9 @@ stopped one a timeout in a worker thread, and neither touches another node's mou
 Protocol: a connection opens with ``HELLO`` (magic, the job's secret, store id, rank), which the server
 checks before anything else; then requests ``kind, blob`` (READ a blob's stored bytes, or BYE: "this
 node is done, the job is ending") and replies ``status, length`` + bytes (OK, or REFUSED/FAILED and a
-reason).  The server serves only whole blobs of its own store that placement gave it, located by the
-index (a client names a blob, never a byte range), and refuses (and logs) anything else.
+reason).  The server serves only whole blobs of its own store that it holds (placement gave them to it and the
+job staged their layer), located by the index (a client names a blob, never a byte range), and
+refuses (and logs) anything else.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 
 from ..errors import FanfsError, NotHeld
 from ..store.format import shard_name
-from ..store.sources import LocalShards, ShardSource
+from ..store.sources import HeldShards, ShardSource
 from .placement import Placement
 
 log = logging.getLogger("fanfs")
@@ -99,11 +100,10 @@ def listen(host: str) -> socket.socket:
 class PeerServer:
     """Answers peers' blob requests from this node's local shards, one thread per connection."""
 
-    def __init__(self, listener: socket.socket, index: Any, placement: Placement, rank: int, local: LocalShards,
-                 secret: bytes, store_id: bytes, on_bye: Callable[[int], None]) -> None:
+    def __init__(self, listener: socket.socket, index: Any, local: HeldShards, secret: bytes, store_id: bytes,
+                 on_bye: Callable[[int], None]) -> None:
+        """``local``: this node's staged share; only blobs it holds are served."""
         self.index = index
-        self.placement = placement
-        self.rank = rank
         self.local = local
         self.secret = secret
         self.store_id = store_id
@@ -180,8 +180,8 @@ class PeerServer:
             return f"unknown request kind {kind}"
         if blob >= self.index.blob_offset.size:
             return f"no blob {blob} in this store"
-        if not self.placement.holds(self.rank, blob):
-            return f"blob {blob} is not placed on this node"
+        if not self.local.held[blob]:
+            return f"blob {blob} is not held by this node (placed elsewhere, or in a layer not staged)"
         if not int(self.index.blob_stored[blob]):
             return f"blob {blob} is a hole: nothing to send"
         return ""
@@ -303,20 +303,6 @@ class PeerClient:
                 "remote_latency_max_ms": round(self.latency_max * 1e3, 3)}
 
 
-class HeldBlobs(LocalShards):
-    """This node's local directory, for the blobs placement gave it; the others are for peers to serve."""
-
-    def __init__(self, directory: str, store_id: bytes, placement: Placement, rank: int) -> None:
-        super().__init__(directory, store_id)
-        self.placement = placement
-        self.rank = rank
-
-    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
-        if not self.placement.holds(self.rank, blob):
-            raise NotHeld(f"blob {blob} is placed on other nodes")
-        return super().read(blob, shard, offset, length)
-
-
 class RemoteBlobs(ShardSource):
     """The ``choice``-th holder (in this reader's order) of a blob, other than this node.
 
@@ -324,19 +310,23 @@ class RemoteBlobs(ShardSource):
     copy at one holder falls through to the next, like a bad local copy does.
     """
 
-    def __init__(self, client: PeerClient, placement: Placement, choice: int) -> None:
+    def __init__(self, client: PeerClient, placement: Placement, staged: np.ndarray, choice: int) -> None:
         self.client = client
         self.placement = placement
+        self.staged = staged
         self.choice = choice
         self.name = f"peer#{choice + 1}"
 
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        if not self.staged[blob]:
+            raise NotHeld(f"blob {blob} is in a layer no node staged")
         holders = self.placement.remote_holders(blob, self.client.rank)
         if self.choice >= len(holders):
             raise NotHeld(f"blob {blob} has no further holder")
         return self.client.read(holders[self.choice], blob)
 
 
-def remote_sources(client: PeerClient, placement: Placement) -> list[RemoteBlobs]:
-    """Sources for every other holder a blob can have (a node that holds none has ``replicas`` of them)."""
-    return [RemoteBlobs(client, placement, choice) for choice in range(placement.replicas)]
+def remote_sources(client: PeerClient, placement: Placement, staged: np.ndarray) -> list[RemoteBlobs]:
+    """Sources for every other holder a blob can have (a node that holds none has ``replicas`` of them);
+    ``staged``: the blobs the job staged (a bool per blob), the only ones a peer can have."""
+    return [RemoteBlobs(client, placement, staged, choice) for choice in range(placement.replicas)]

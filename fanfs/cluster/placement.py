@@ -65,6 +65,20 @@ class Placement:
                 out.append((lo, hi))
         return out
 
+    def held(self, node: int) -> np.ndarray:
+        """Whether ``node`` holds each blob (a bool per blob)."""
+        mask = np.zeros(int(self.bounds[-1]), bool)
+        for lo, hi in self.ranges_of(node):
+            mask[lo:hi] = True
+        return mask
+
+    def held_bytes(self, weights: np.ndarray) -> np.ndarray:
+        """Per node, the sum of ``weights`` (one per blob) over the blobs it holds: e.g. the stored
+        bytes of only the layers a job stages."""
+        total = np.concatenate([[0], np.cumsum(weights, dtype=np.int64)])
+        primary = total[self.bounds[1:]] - total[self.bounds[:-1]]
+        return np.asarray(sum(np.roll(primary, k) for k in range(self.replicas)), np.int64)
+
     def remote_holders(self, blob: int, reader: int) -> list[int]:
         """Holders other than ``reader``, in the order ``reader`` should ask them."""
         row = self.holders(blob)
@@ -98,16 +112,17 @@ def place(blob_bytes: np.ndarray, nodes: int, replicas: int) -> Placement:
     return Placement(bounds, np.asarray(node_bytes, np.int64), np.asarray(node_blobs, np.int64), nodes, replicas)
 
 
-def format_placement(placement: Placement) -> str:
-    """Per-node blobs and bytes and the spread, for ``fanfs info --nodes N --replicas R``."""
+def format_placement(placement: Placement, staged: tuple[str, np.ndarray] | None = None) -> str:
+    """Per-node blobs and bytes and the spread, for ``fanfs info --nodes N --replicas R``; with ``staged``
+    (a label such as "fidelity 2" and the bytes each node stages then), those too."""
     total = int(placement.node_bytes.sum())
     mean = total / placement.nodes
     spread = (placement.node_bytes / mean if mean else np.ones(placement.nodes))
     lines = [f"placement  {placement.nodes} nodes, {placement.replicas} replicas: {human_size(total)} held in all, "
              f"{human_size(mean)} per node on average; every node within "
              f"{100 * float(np.abs(spread - 1).max()):.1f}% of the mean",
-             "node       blobs       bytes   of mean"]
+             "node       blobs       bytes   of mean" + (f"   staged at {staged[0]}" if staged else "")]
     for node in range(placement.nodes):
         lines.append(f"{node:<6} {int(placement.node_blobs[node]):>9,} {human_size(int(placement.node_bytes[node])):>11} "
-                     f"{spread[node]:>8.1%}")
+                     f"{spread[node]:>8.1%}" + (f"   {human_size(int(staged[1][node])):>11}" if staged else ""))
     return "\n".join(lines)

@@ -19,14 +19,15 @@ from typing import Any
 
 from ..errors import FanfsError
 from ..serve.control import MountLock
+from ..records import Presentation
 from ..serve.daemon import MountOptions, start
 from ..store import Store
 from ..store.format import INDEX_NAME
 from ..store.index import Index
-from ..store.sources import LocalShards
 from . import handoff
-from .peer import HeldBlobs, PeerClient, PeerServer, listen, peer_host, remote_sources
+from .peer import PeerClient, PeerServer, listen, peer_host, remote_sources
 from .placement import place
+from .stage import staged_share, staged_stats
 
 log = logging.getLogger("fanfs")
 
@@ -42,6 +43,7 @@ class Plan:
     endpoints: list[tuple[str, int]]
     secret: bytes
     options: MountOptions
+    staged: Presentation  # what every node staged: other layers come from the shared store
 
 
 class Stopper:
@@ -109,20 +111,26 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, lock: MountL
     store_id = bytes.fromhex(index.meta["store_id"])
     rank = plan.rank
     stopper = Stopper(mountpoint)
-    server = PeerServer(listener, index, placement, rank, LocalShards(options.local_dir, store_id), plan.secret,
-                        store_id, on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
-    local = HeldBlobs(options.local_dir, store_id, placement, rank)
+    share = staged_share(plan.store_root, options.local_dir, index, plan.staged, placement.held(rank))
+    server = PeerServer(listener, index, share.local, plan.secret, store_id,
+                        on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
     client = PeerClient(plan.endpoints, rank, plan.secret, store_id, options.peer_timeout)
-    remotes = remote_sources(client, placement)
+    remotes = remote_sources(client, placement, share.staged)
     first, count = index.first, index.count
-    store = Store(plan.store_root, cache_size=options.cache_size, sources=[local, *remotes], check_shards=False,
-                  index=index, is_local=lambda entry: placement.holds_range(rank, int(first[entry]), int(count[entry])))
+
+    def is_local(entry: int, view: int) -> bool:
+        return placement.holds_range(rank, int(first[entry]), int(count[entry])) \
+            and view <= store.view(entry, plan.staged)
+
+    store = Store(plan.store_root, cache_size=options.cache_size, sources=[share.local, *remotes, share.shared],
+                  check_shards=False, index=index, is_local=is_local)
 
     def stats() -> dict[str, Any]:
         by_source = store.stats.by_source
-        return {"cluster": {"rank": rank, "nodes": placement.nodes, "replicas": placement.replicas,
+        return {**staged_stats(share, by_source),
+                "cluster": {"rank": rank, "nodes": placement.nodes, "replicas": placement.replicas,
                             "local_blobs": int(placement.node_blobs[rank]),
-                            "local_bytes": by_source.get(local.name, 0),
+                            "local_bytes": by_source.get(share.local.name, 0),
                             "remote_bytes": sum(by_source.get(r.name, 0) for r in remotes),
                             **client.stats(), **server.stats()}}
 
@@ -133,4 +141,3 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, lock: MountL
         stopper.ended()
         client.say_bye()
         server.close()
-        server.local.close()

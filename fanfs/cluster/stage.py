@@ -14,6 +14,7 @@ per-node report.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import sys
@@ -24,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import FanfsError
-from ..records import expand
+from ..records import FULL, Presentation, blobs_read, expand
 from ..store.format import SHARD_DIR, SHARD_HEADER, shard_name
 from ..store.index import Index
+from ..store.sources import HeldShards
 from ..util.checksum import checksum
 from ..util.files import open_regular
 from ..util.progress import Progress
@@ -34,6 +36,7 @@ from ..util.units import human_rate, human_size
 from .placement import Placement, place
 from .world import World
 
+STAGED_NAME = ".staged"  # in a staged directory: the store and the presentation it holds
 PROGRESS_SECONDS = 0.25
 LINE_SECONDS = 5.0
 _PROGRESS_TAG = 7
@@ -61,11 +64,14 @@ class StageReport:
     nodes: list[NodeReport]
     replicas: int
     seconds: float
+    presentation: Presentation = Presentation()
 
     def format(self) -> str:
         copied = sum(n.copied_bytes for n in self.nodes)
         skipped = sum(n.skipped_bytes for n in self.nodes)
-        lines = [f"staged {len(self.nodes)} node(s), {self.replicas} replica(s) per shard: copied {human_size(copied)}, "
+        at = ", ".join(f"{name} {value}" for name, value in self.presentation._asdict().items() if value != FULL)
+        lines = [f"staged {len(self.nodes)} node(s), {self.replicas} replica(s) per shard{f' at {at}' if at else ''}: "
+                 f"copied {human_size(copied)}, "
                  f"already there {human_size(skipped)}, in {self.seconds:.1f} s "
                  f"({human_rate(copied / self.seconds if self.seconds else 0)} for the job)",
                  "node   shards   copied    copied bytes   already there   seconds        rate"]
@@ -149,14 +155,15 @@ class ShardPart:
         return int(self.sizes.sum())
 
 
-def held_parts(index: Index, placement: Placement, rank: int) -> list[ShardPart]:
-    """Per shard, the blobs that ``rank`` holds and that have bytes to copy (holes are nothing)."""
+def held_parts(index: Index, placement: Placement, rank: int, staged: np.ndarray | None = None) -> list[ShardPart]:
+    """Per shard, the blobs that ``rank`` holds and that have bytes to copy (holes are nothing); with
+    ``staged`` (a bool per blob: those a presentation reads), only those."""
     files = np.flatnonzero((index.type == 1) & (index.count > 0))
     blob_of, owner = expand(index.first[files], index.count[files])
     shard_of = index.shard[files][owner]
-    held = np.zeros(index.blob_offset.size, bool)
-    for lo, hi in placement.ranges_of(rank):
-        held[lo:hi] = True
+    held = placement.held(rank)
+    if staged is not None:
+        held &= staged
     keep = held[blob_of] & (index.blob_stored[blob_of] > 0)
     blob_of, shard_of = blob_of[keep], shard_of[keep]
     order = np.lexsort((index.blob_offset[blob_of], shard_of))
@@ -237,8 +244,9 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
 
 
 def stage(store_root: str, local_dir: str, replicas: int, world: World, index: Index, *,
-          progress: bool = True) -> StageReport | None:
-    """Collective: stage this node's blobs into ``local_dir``; rank 0 gets the job's report, others None."""
+          presentation: Presentation = Presentation(), progress: bool = True) -> StageReport | None:
+    """Collective: stage this node's blobs into ``local_dir``, only those read at ``presentation`` (the
+    first K layers of a shard are its prefix); rank 0 gets the job's report, others None."""
     started = time.monotonic()
     placement: Placement = place(index.blob_stored, world.size, replicas)
     report = NodeReport(world.rank)
@@ -246,7 +254,8 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     error = None
     try:
         make_local_dir(local_dir)
-        parts = held_parts(index, placement, world.rank)
+        _forget_staged(local_dir)  # until this staging is complete, the directory holds no known presentation
+        parts = held_parts(index, placement, world.rank, blobs_read(index, presentation))
         report.shards = len(parts)
         need = sum(p.nbytes for p in parts if not _present(local_dir, p, index))
         free = shutil.disk_usage(local_dir).free
@@ -283,7 +292,67 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     bar.close()
     reports: list[NodeReport] = world.allgather(report)
     world.agree("; ".join(report.problems) or None)
-    return StageReport(reports, placement.replicas, time.monotonic() - started) if world.rank == 0 else None
+    write_staged(local_dir, index.meta["store_id"], presentation)
+    return StageReport(reports, placement.replicas, time.monotonic() - started, presentation) \
+        if world.rank == 0 else None
+
+
+def write_staged(local_dir: str, store_id: str, presentation: Presentation) -> None:
+    """Record which presentation a staged directory holds (a mount reads the other layers elsewhere)."""
+    path = os.path.join(local_dir, STAGED_NAME)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"store_id": store_id, **presentation._asdict()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def staged_presentation(local_dir: str, store_id: str) -> Presentation | None:
+    """The presentation ``local_dir`` was staged at for this store; None if it was not (completely)."""
+    try:
+        fd = open_regular(os.path.join(local_dir, STAGED_NAME))
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(os.read(fd, 4096))
+        staged = Presentation(**{name: int(record[name]) for name in Presentation._fields})
+    except (ValueError, KeyError, TypeError) as err:
+        raise FanfsError(f"{local_dir}/{STAGED_NAME}: not a staging record ({err}): stage again") from None
+    finally:
+        os.close(fd)
+    return staged if record.get("store_id") == store_id else None
+
+
+@dataclass
+class StagedShare:
+    """Where a node reads its blobs from: the ones it staged from ``local``, the layers no node staged
+    (a job staged at fidelity K, read above it) from ``shared``, the store's own shards."""
+
+    presentation: Presentation
+    staged: np.ndarray  # a bool per blob: read at the staged presentation
+    local: HeldShards
+    shared: HeldShards
+
+
+def staged_share(store_root: str, local_dir: str, index: Index, presentation: Presentation,
+                 held: np.ndarray) -> StagedShare:
+    """The sources of a node holding the blobs ``held`` (placement), staged at ``presentation``."""
+    staged = blobs_read(index, presentation)
+    store_id = bytes.fromhex(index.meta["store_id"])
+    return StagedShare(presentation, staged, HeldShards(local_dir, store_id, held & staged),
+                       HeldShards(os.path.join(store_root, SHARD_DIR), store_id, ~staged, name="shared store"))
+
+
+def staged_stats(share: StagedShare, by_source: dict[str, int]) -> dict[str, Any]:
+    """For ``fanfs stats``: what the node staged, and what it read from the shared store above it."""
+    return {"staged": share.presentation._asdict(), "shared_bytes": by_source.get(share.shared.name, 0)}
+
+
+def _forget_staged(local_dir: str) -> None:
+    try:
+        os.unlink(os.path.join(local_dir, STAGED_NAME))
+    except FileNotFoundError:
+        pass
 
 
 def _present(local_dir: str, part: ShardPart, index: Index) -> bool:

@@ -17,8 +17,8 @@ file; :class:`Presentation` holds a mount's settings from which each kind derive
 """
 
 from . import floats, jpeg, plain  # noqa: F401  (each registers its kind)
-from .base import (FULL, Packed, Presentation, Reader, RecordKind, check_presentation, expand, kind_table, kinds,
-                   read_all, register)
+from .base import (FULL, Packed, Presentation, Reader, RecordKind, blobs_read, check_presentation, expand, kind_table,
+                   kinds, read_all, register)
 
-__all__ = ["FULL", "Packed", "Presentation", "Reader", "RecordKind", "check_presentation", "expand", "kind_table",
-           "kinds", "read_all", "register"]
+__all__ = ["FULL", "Packed", "Presentation", "Reader", "RecordKind", "blobs_read", "check_presentation", "expand",
+           "kind_table", "kinds", "read_all", "register"]

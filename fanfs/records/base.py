@@ -108,6 +108,11 @@ class RecordKind:
         """Bytes ``[offset, offset + size)`` of the file as presented at ``view``."""
         raise NotImplementedError
 
+    def blobs_read(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
+        """The blobs that presenting ``entries`` (files of this kind) at ``presentation`` reads: what a
+        node stages for a job at that presentation.  By default all of them."""
+        return expand(index.first[entries], index.count[entries])[0]
+
     # --- what an index must hold ---------------------------------------------------------------
 
     def check(self, index: Columns, entries: np.ndarray) -> str | None:
@@ -190,6 +195,17 @@ def check_presentation(index: Columns, presentation: Presentation) -> Presentati
         if not low <= value <= high:
             raise UsageError(f"{name} {value} is out of range: this store's files take {low}..{high} or full")
     return presentation
+
+
+def blobs_read(index: Columns, presentation: Presentation) -> np.ndarray:
+    """Whether each blob of the store is read when it is presented at ``presentation`` (a bool per blob)."""
+    needed = np.zeros(index.blob_raw.size, bool)
+    files = np.flatnonzero(index.type == 1)
+    for kind_id, kind in _REGISTRY.items():
+        entries = files[index.record[files] == kind_id]
+        if entries.size:
+            needed[kind.blobs_read(index, entries, presentation)] = True
+    return needed
 
 
 def read_all(fd: int, size: int) -> bytes:

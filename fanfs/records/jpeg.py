@@ -47,6 +47,11 @@ class JpegRecords(RecordKind):
         k = presentation.fidelity
         return np.where(index.layers[entries] > k, k, FULL).astype(np.int64)
 
+    def blobs_read(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
+        """Layer i is blob ``first + i``: the first K of each record."""
+        shown = np.minimum(index.layers[entries].astype(np.int64), presentation.fidelity)
+        return expand(index.first[entries], shown)[0]
+
     def size(self, reader: Reader, entry: int, view: int) -> int:
         ix = reader.index
         if view >= int(ix.layers[entry]):

@@ -170,12 +170,13 @@ class FanfsFS:
 
     def read(self, req: int, ino: int, size: int, offset: int) -> None:
         entry, view = self._decode(ino)
-        if not self.store.is_local(entry):  # a peer must answer: never in the loop
+        view = view or FULL
+        if not self.store.is_local(entry, view):  # a peer or the shared store must answer: never in the loop
             if self._deferred is None:
                 self._deferred = Deferred(self.store)
-            self._deferred.submit(req, entry, view or FULL, size, offset)
+            self._deferred.submit(req, entry, view, size, offset)
             return
-        data = self.store.read(entry, offset, size, view or FULL)
+        data = self.store.read(entry, offset, size, view)
         ll.reply_buf(req, data, len(data))
 
     def close(self) -> None:

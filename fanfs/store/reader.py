@@ -63,10 +63,10 @@ class Store:
 
     def __init__(self, root: str, *, cache_size: int = 1 << 30, sources: Sequence[ShardSource] | None = None,
                  check_shards: bool = True, index: Index | None = None,
-                 is_local: Callable[[int], bool] | None = None) -> None:
+                 is_local: Callable[[int, int], bool] | None = None) -> None:
         """``index``: the store's index already loaded (a cluster node receives it broadcast).
-        ``is_local(entry)``: whether a file's blobs are all on this node (a job node's placement); by
-        default every file is."""
+        ``is_local(entry, view)``: whether the blobs a file reads at ``view`` are all on this node (a job
+        node's placement and staged layers); by default every file's are."""
         self.root = root
         if not os.path.isdir(root):
             raise StoreError(f"{root}: no such store directory")
@@ -90,7 +90,7 @@ class Store:
         self._type, self._record, self._shard = ix.type, ix.record, ix.shard
         self._raw, self._stored, self._offset = ix.blob_raw, ix.blob_stored, ix.blob_offset
         self._reported: dict[int, float] = {}
-        self.is_local: Callable[[int], bool] = is_local or (lambda entry: True)
+        self.is_local: Callable[[int, int], bool] = is_local or (lambda entry, view: True)
 
     # --- metadata -------------------------------------------------------------------------------
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import threading
 
+import numpy as np
+
 from ..errors import NotHeld, StoreError
 from ..util.files import open_regular
 from .format import SHARD_HEADER, check_shard_header, shard_name
 
-__all__ = ["NotHeld", "ShardSource", "LocalShards"]
+__all__ = ["NotHeld", "ShardSource", "LocalShards", "HeldShards"]
 
 
 class ShardSource:
@@ -72,3 +74,18 @@ class LocalShards(ShardSource):
                 os.close(fd)
             self._fds.clear()
 
+
+
+class HeldShards(LocalShards):
+    """Shard files holding only the blobs marked in ``held`` (a bool per blob): a node's staged share,
+    or the shared store for the layers no node staged.  Other blobs are NotHeld: the store asks on."""
+
+    def __init__(self, directory: str, store_id: bytes, held: np.ndarray, name: str | None = None) -> None:
+        super().__init__(directory, store_id)
+        self.held = held
+        self.name = name or directory
+
+    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        if not self.held[blob]:
+            raise NotHeld(f"blob {blob} is not in {self.name}")
+        return super().read(blob, shard, offset, length)
