@@ -7,94 +7,22 @@ After every job, whatever its end, nothing of it may be left: no mount, no proce
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import fanfs
+from slurm_jobs import NODES, assert_nothing_left, leftovers, reports, submit
 
 from fanfs.records import FULL
 
-REPO = Path(__file__).resolve().parent.parent
-SBATCH = REPO / "slurm" / "train.sbatch"
-TASK = Path(__file__).resolve().parent / "slurm_task.py"
-NODES = 3
-
-
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    """The session's cluster: started once (well under a second), always shut down with every job."""
-    if shutil.which("slurmctld") is None or shutil.which("munged") is None:
-        pytest.skip("needs Debian's slurmctld slurmd slurm-client munge (tools/setup --test installs them)")
-    from slurm_cluster import slurm_cluster
-    with slurm_cluster(tmp_path_factory.mktemp("slurm"), nodes=NODES) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory) -> tuple[Path, Path]:
-    """A source tree (names with spaces, sizes from 0 to ~200 KB) and its store."""
-    root = tmp_path_factory.mktemp("plain")
-    src = root / "src"
-    for i in range(120):
-        path = src / f"dir {i % 4}" / f"file {i}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(i * 1700) + bytes(i * 300))
-    fanfs("pack", src, root / "store", "--shard-size", "256K", "--quiet")
-    return src, root / "store"
-
-
-def submit(slurm, store: Path, out: Path, *task_args: str, env: dict[str, str] | None = None, nodes: int = NODES,
-           options: tuple[str, ...] = ()) -> int:
-    """``sbatch -N 3 slurm/train.sbatch STORE python slurm_task.py OUT '$FANFS_MNT' ...`` with fanfs on PATH."""
-    out.mkdir(exist_ok=True)
-    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    return slurm.submit(SBATCH, store, sys.executable, TASK, out, "$FANFS_MNT", *task_args,
-                        sbatch_options=["-N", str(nodes), *options], env={"PATH": path, **(env or {})})
-
 
 @pytest.fixture(scope="module", autouse=True)
-def time_limited_job(slurm, plain, tmp_path_factory) -> int:
-    """A job that trains past its time limit, submitted first: Slurm ends it 60-90 s after its start (limits
-    are whole minutes, checked every 30 s), while the other tests run; the last test looks at it."""
-    return submit(slurm, plain[1], tmp_path_factory.mktemp("limited"), "--sleep", "600", options=("--time=1",))
+def _time_limit_running(time_limited_job) -> None:
+    """Submitted before this module's jobs, so that its minute passes while they run (test_time_limit.py)."""
 
 
-def reports(out: Path) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
-
-
-def leftovers(slurm, job: int) -> list[str]:
-    """Anything of the job still on a node: its directories, mounts, and processes."""
-    found = [str(p) for node in slurm.nodes for p in (slurm.base_dir / "tmp" / node).glob(f"fanfs-{job}-*")]
-    with open("/proc/mounts") as f:
-        found += [line.strip() for line in f if f"fanfs-{job}-" in line]
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if f"SLURM_JOB_ID={job}".encode() in env and "slurmstepd" not in cmd:
-            found.append(f"pid {pid}: {cmd}")
-    return found
-
-
-def assert_nothing_left(slurm, job: int) -> None:
-    deadline = time.monotonic() + 5  # a final state means Slurm saw the job's processes go
-    while (left := leftovers(slurm, job)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, left
-
-
-def test_job_reads_every_file_exactly_on_every_node(slurm, plain, tmp_path):
-    src, store = plain
+def test_job_reads_every_file_exactly_on_every_node(slurm, slurm_plain, tmp_path):
+    src, store = slurm_plain
     started = time.monotonic()
     job = submit(slurm, store, tmp_path / "out", "--source", str(src), "two words", "$FANFS_MNT/x")
     result = slurm.wait(job, timeout=120)
@@ -114,8 +42,8 @@ def test_job_reads_every_file_exactly_on_every_node(slurm, plain, tmp_path):
     assert_nothing_left(slurm, job)
 
 
-def test_one_node_job_ends_clean_too(slurm, plain, tmp_path):
-    src, store = plain
+def test_one_node_job_ends_clean_too(slurm, slurm_plain, tmp_path):
+    src, store = slurm_plain
     job = submit(slurm, store, tmp_path / "out", "--source", str(src), nodes=1)
     result = slurm.wait(job, timeout=120)
     assert result == ("COMPLETED", 0, 0), slurm.output(job)
@@ -136,10 +64,10 @@ def test_missing_store_fails_at_once(slurm, tmp_path):
     assert_nothing_left(slurm, job)
 
 
-def test_one_node_failing_to_mount_fails_the_job_with_its_reason(slurm, plain, tmp_path):
+def test_one_node_failing_to_mount_fails_the_job_with_its_reason(slurm, slurm_plain, tmp_path):
     """n2's mount point cannot be made; n1 and n3 had made theirs and must not wait, nor keep them."""
     (tmp_path / "mnt-n2").write_text("in the way")
-    job = submit(slurm, plain[1], tmp_path / "out", env={"FANFS_MNT": str(tmp_path / "mnt-{node}")})
+    job = submit(slurm, slurm_plain[1], tmp_path / "out", env={"FANFS_MNT": str(tmp_path / "mnt-{node}")})
     result = slurm.wait(job, timeout=60)
     output = slurm.output(job)
     assert result.state == "FAILED", output
@@ -150,10 +78,10 @@ def test_one_node_failing_to_mount_fails_the_job_with_its_reason(slurm, plain, t
     assert_nothing_left(slurm, job)
 
 
-def test_failing_training_fails_the_job_with_its_exit_code(slurm, plain, tmp_path):
+def test_failing_training_fails_the_job_with_its_exit_code(slurm, slurm_plain, tmp_path):
     local = tmp_path / "local"  # the shards somewhere else than $TMPDIR, as on /dev/shm
     local.mkdir()
-    job = submit(slurm, plain[1], tmp_path / "out", "--exit", "7", env={"FANFS_LOCAL": str(local)})
+    job = submit(slurm, slurm_plain[1], tmp_path / "out", "--exit", "7", env={"FANFS_LOCAL": str(local)})
     result = slurm.wait(job, timeout=120)
     assert result == ("FAILED", 7, 0), slurm.output(job)
     assert len(reports(tmp_path / "out")) == NODES
@@ -161,9 +89,9 @@ def test_failing_training_fails_the_job_with_its_exit_code(slurm, plain, tmp_pat
     assert_nothing_left(slurm, job)
 
 
-def test_scancel_during_training_leaves_nothing(slurm, plain, tmp_path):
+def test_scancel_during_training_leaves_nothing(slurm, slurm_plain, tmp_path):
     out = tmp_path / "out"
-    job = submit(slurm, plain[1], out, "--sleep", "300")
+    job = submit(slurm, slurm_plain[1], out, "--sleep", "300")
     deadline = time.monotonic() + 120
     while len(reports(out)) < NODES:  # every task is training
         assert time.monotonic() < deadline, slurm.output(job)
@@ -190,10 +118,3 @@ def test_auto_fidelity_is_one_k_for_the_whole_job(slurm, tmp_path):
     assert "fidelity auto:0.95 ->" in slurm.output(job)
     assert_nothing_left(slurm, job)
 
-
-def test_time_limit_leaves_nothing(slurm, time_limited_job):
-    """Last in this module: by now the job submitted first has met its time limit, or soon will."""
-    result = slurm.wait(time_limited_job, timeout=150)
-    assert result.state == "TIMEOUT", slurm.output(time_limited_job)
-    assert "fanfs: error" not in slurm.output(time_limited_job)
-    assert_nothing_left(slurm, time_limited_job)

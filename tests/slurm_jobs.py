@@ -1,0 +1,53 @@
+"""Jobs under the tests' real Slurm (tests/slurm_cluster.py; its fixtures are in tests/conftest.py):
+submitting slurm/train.sbatch as the README says, and looking for anything a job left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SBATCH = REPO / "slurm" / "train.sbatch"
+TASK = Path(__file__).resolve().parent / "slurm_task.py"
+NODES = 3
+
+
+def submit(slurm, store: Path, out: Path, *task_args: str, env: dict[str, str] | None = None, nodes: int = NODES,
+           options: tuple[str, ...] = ()) -> int:
+    """``sbatch -N 3 slurm/train.sbatch STORE python slurm_task.py OUT '$FANFS_MNT' ...`` with fanfs on PATH."""
+    out.mkdir(exist_ok=True)
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    return slurm.submit(SBATCH, store, sys.executable, TASK, out, "$FANFS_MNT", *task_args,
+                        sbatch_options=["-N", str(nodes), *options], env={"PATH": path, **(env or {})})
+
+
+def reports(out: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+
+
+def leftovers(slurm, job: int) -> list[str]:
+    """Anything of the job still on a node: its directories, mounts, and processes."""
+    found = [str(p) for node in slurm.nodes for p in (slurm.base_dir / "tmp" / node).glob(f"fanfs-{job}-*")]
+    with open("/proc/mounts") as f:
+        found += [line.strip() for line in f if f"fanfs-{job}-" in line]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job}".encode() in env and "slurmstepd" not in cmd:
+            found.append(f"pid {pid}: {cmd}")
+    return found
+
+
+def assert_nothing_left(slurm, job: int) -> None:
+    deadline = time.monotonic() + 5  # a final state means Slurm saw the job's processes go
+    while (left := leftovers(slurm, job)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
