@@ -24,8 +24,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
     from ..records.scans import DEFAULT_SCANS
     options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=args.jobs,
                           force=args.force, progress=not args.quiet)
-    if args.progressive_jpeg or args.scan_script:
-        options.kinds.append(JpegRecords(args.scan_script or DEFAULT_SCANS))
+    if args.progressive_jpeg or args.scan_script is not None:
+        options.kinds.append(JpegRecords(DEFAULT_SCANS if args.scan_script is None else args.scan_script))
     if args.plan:
         from ..build.plan import Plan
         options.plan = Plan.load(args.plan)
