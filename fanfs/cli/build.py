@@ -129,10 +129,11 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                    help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities")
     p.add_argument("--scan-script", metavar="compact|fast|libjpeg|FILE",
                    help="how progressive records are cut into scans (implies --progressive-jpeg): 'compact' "
-                        "(default) moves the fewest bytes at SSIM 0.95 (fidelity auto:0.95); 'fast' decodes "
-                        "fastest, also at full fidelity; 'libjpeg' is libjpeg's own 10-scan progression (the "
-                        "only one before the presets); or a jpegtran scan-script FILE (a lossy one is refused). "
-                        "See the README, 'Scan scripts'")
+                        "(default): few bytes at SSIM 0.95 (fidelity auto:0.95) and a fast decode there; 'fast': "
+                        "the fastest decode at full fidelity; 'libjpeg': libjpeg's own 10-scan progression (the "
+                        "default before the presets; fewer bytes at SSIM 0.95 on high-quality photos, slower "
+                        "decode); or a jpegtran scan-script FILE (a lossy one is refused). Compare them with "
+                        "'fanfs fidelity --source'; see the README, 'Scan scripts'")
     p.add_argument("--plan", metavar="FILE", help="per-class codecs chosen by fanfs select -o FILE (overrides --codec)")
     p.add_argument("--float-records", action="store_true",
                    help="store the values of .npy and safetensors files (found by content) as byte planes, so mounts "

@@ -71,10 +71,10 @@ class ScanScript:
 
 LIBJPEG = "libjpeg"
 """libjpeg's own progression (``jpeg_simple_progression``: 10 scans for colour), made in-process by
-tjTransform; fanfs's only progression before the presets, so older stores hold it."""
+tjTransform; fanfs's default before the presets, so most older stores hold it."""
 
 PRESETS = {
-    # Fewest bytes at mean SSIM >= 0.95: luma at half precision (Al=1) after a half-precision DC is
+    # Fewest bytes at mean SSIM >= 0.95 in the survey (README): luma at half precision (Al=1) after a half-precision DC is
     # the 0.95 state in 2 scans; refinement scans, which cost decode time, come last.
     "compact": """\
 0 1 2: 0 0 0 1;   # DC, all but the lowest bit
