@@ -90,14 +90,14 @@ def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
 def test_low_fidelity_reads_fewer_bytes(jpeg_store, mount):
     src, store, samples = jpeg_store
     stored = {}
-    for k in ("2", "full"):
+    for k in ("1", "full"):
         with mount(store, "--fidelity", k) as mnt:
             for path in _files(mnt):
                 path.read_bytes()
             stats = json.loads(fanfs("stats", mnt, "--json").stdout)
             stored[k] = stats["bytes_stored_read"]
-            assert len(stats["stored_by_layer"]) <= (2 if k == "2" else 64)
-    assert stored["2"] < 0.5 * stored["full"]
+            assert len(stats["stored_by_layer"]) <= (1 if k == "1" else 64)
+    assert stored["1"] < 0.3 * stored["full"]  # the first scan of every preset is the DC: about a tenth of the bytes
 
 
 def test_exif_orientation_and_icc_survive(jpeg_store, mount):

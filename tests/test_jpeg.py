@@ -210,7 +210,7 @@ def test_colour_script_on_grayscale_uses_luma_scans(samples):
     script = ScanScript(CUSTOM_SCRIPT)
     src = sample(samples, "gray")
     layers = split_layers(to_progressive(src, script))
-    assert len(layers) == len(script.restricted(1)) == 7
+    assert len(layers) == len(script.fitted(1)) == 7
     assert np.array_equal(pixels(b"".join(layers)), pixels(src))
 
 

@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Issue 3 figures: what a lower fidelity buys when reading a whole image set through the mount.
+"""Issues 3 and 13 figures: what a lower fidelity buys, and what each scan-script preset costs.
 
-One run: make N distinct real-photo JPEGs (~110 KB, baseline), pack them as progressive records
-(timed: images/s per core), run ``fanfs fidelity`` on a sample, then for K = 1, 2, 5, the
-recommended K and full: a fresh mount at K, every image read once by 4 reader processes (a
-DataLoader's workers) and decoded by Pillow, reporting files/s, MB presented, MB read from storage
-and each as a ratio of full fidelity.
+One run: make N distinct real-photo JPEGs (baseline; by default ``tests/jpeg_samples.make_photo_set``:
+random crops of shipped photos, 250-500 px, qualities 75-95, a seventh grayscale and a fifth 4:4:4;
+``--size-kb`` for colour 4:2:0 ones of about that size instead), then
+
+1. per scan-script preset (``--presets``): pack them as progressive records (timed: images/s per
+   core) and run ``fanfs fidelity --source`` on a sample: bytes, SSIM and Pillow decode speed per K
+   relative to the originals, and a table comparing the presets at full fidelity and at each one's
+   recommended K (smallest K with mean SSIM >= ``--min-ssim``);
+2. on the first preset's store, for K = 1, 2, 5, the recommended K and full: a fresh mount at K,
+   every image read once by 4 reader processes (a DataLoader's workers) and decoded by Pillow,
+   reporting files/s, MB presented, MB read from storage and each as a ratio of full fidelity.
 """
 
 from __future__ import annotations
@@ -19,7 +25,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import common_args, fanfs, fanfs_mount, load_average, make_jpegs, median, table, temp_dir, write_json  # noqa: E402
+from benchlib import REPO, common_args, fanfs, fanfs_mount, load_average, make_jpegs, median, table, temp_dir, write_json  # noqa: E402
+
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # this checkout's fanfs, as the fanfs commands run it
+from jpeg_samples import make_photo_set  # noqa: E402
+
+from fanfs.tune.fidelity import FidelityCurve, format_curve  # noqa: E402
 
 
 def _read_share(paths: list[str]) -> int:
@@ -43,11 +54,65 @@ def epoch(root: Path, rels: list[str], workers: int) -> tuple[float, int]:
         return time.perf_counter() - started, total
 
 
+def make_images(src: Path, count: int, size_kb: int | None) -> list[str]:
+    """The image set, as paths relative to ``src`` in 20 class directories."""
+    if size_kb is None:
+        made = make_photo_set(src / "all", count)
+        data = [p.read_bytes() for p in made]
+        for p in made:
+            p.unlink()
+        (src / "all").rmdir()
+    else:
+        data = make_jpegs(count, size_kb * 1024)
+    rels = []
+    for i, jpeg in enumerate(data):
+        rel = f"class{i % 20:02d}/img{i:06d}.jpg"
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(jpeg)
+        rels.append(rel)
+    return rels
+
+
+def measure_preset(src: Path, store: Path, preset: str, args: argparse.Namespace) -> dict:
+    """Pack with ``preset`` (timed) and measure its fidelity curve with decode speeds against ``src``."""
+    jobs = os.cpu_count() or 1
+    started = time.perf_counter()
+    fanfs("pack", src, store, "--scan-script", preset, "--jobs", str(jobs), "--quiet")
+    seconds = time.perf_counter() - started
+    info = json.loads(fanfs("info", store, "--json").stdout)
+    options = ["--sample", str(args.sample), "--timed", str(args.timed), "--min-ssim", str(args.min_ssim),
+               "--source", str(src)]
+    report = json.loads(fanfs("fidelity", store, *options, "--json").stdout)
+    curve = FidelityCurve(**{k: v for k, v in report.items() if k not in ("min_ssim", "recommended")})
+    return {"pack_images_per_s_per_core": info["files"] / seconds / jobs,
+            "full_bytes_vs_source": info["bytes_presented"] / info["bytes_in"], "curve": report,
+            "text": format_curve(curve, args.min_ssim)}
+
+
+def preset_table(measured: dict[str, dict]) -> str:
+    """The presets side by side at full fidelity and at their recommended K."""
+    rows = []
+    for preset, m in measured.items():
+        c = m["curve"]
+        k = min(c["recommended"], len(c["ks"]))  # FULL: the last K, the whole file
+        at = k - 1
+        rows.append([preset, len(c["ks"]), m["full_bytes_vs_source"], c["decode_vs_source"][-1],
+                     "full" if c["recommended"] == 65535 else k, c["bytes_fraction"][at],
+                     c["bytes_fraction"][at] * m["full_bytes_vs_source"], c["ssim"][at], c["decode_vs_source"][at],
+                     c["decode_vs_full"][at], m["pack_images_per_s_per_core"]])
+    return table(["preset", "max K", "full: bytes x orig", "decode x orig", "rec K", "bytes @K x full",
+                  "bytes @K x orig", "SSIM @K", "decode @K x orig", "decode @K x full", "pack img/s/core"], rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common_args(parser)
     parser.add_argument("--images", type=int, default=1000, help="images in the set (default 1000)")
-    parser.add_argument("--size-kb", type=int, default=110, help="approximate size of each image (default 110)")
+    parser.add_argument("--size-kb", type=int, help="colour 4:2:0 images of about this size instead of the mixed photo set")
+    parser.add_argument("--presets", default="compact,fast,libjpeg",
+                        help="scan-script presets to compare; the first is read through the mount (default "
+                             "compact,fast,libjpeg)")
+    parser.add_argument("--timed", type=int, default=100, help="images of the sample whose decode is timed (default 100)")
     parser.add_argument("--workers", type=int, default=4, help="reader processes (default 4)")
     parser.add_argument("--sample", type=int, default=200, help="images sampled by 'fanfs fidelity' (default 200)")
     parser.add_argument("--min-ssim", type=float, default=0.95)
@@ -56,46 +121,43 @@ def main() -> int:
 
     with temp_dir(args.workdir, "bench-fidelity-") as work:
         src = work / "src"
-        rels = []
-        for i, data in enumerate(make_jpegs(args.images, args.size_kb * 1024)):
-            rel = f"class{i % 20:02d}/img{i:06d}.jpg"
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            (src / rel).write_bytes(data)
-            rels.append(rel)
+        rels = make_images(src, args.images, args.size_kb)
         source_bytes = sum((src / r).stat().st_size for r in rels)
-        store = work / "store"
-        jobs = os.cpu_count() or 1
-        started = time.perf_counter()
-        fanfs("pack", src, store, "--progressive-jpeg", "--jobs", str(jobs), "--quiet")
-        pack_seconds = time.perf_counter() - started
-        print(f"pack: {args.images} images ({source_bytes / 1e6:.1f} MB) in {pack_seconds:.1f} s with {jobs} "
-              f"processes = {args.images / pack_seconds / jobs:.1f} images/s per core")
-
-        curve = json.loads(fanfs("fidelity", store, "--sample", str(args.sample), "--min-ssim", str(args.min_ssim),
-                                 "--json").stdout)
-        print("\n" + fanfs("fidelity", store, "--sample", str(args.sample), "--min-ssim", str(args.min_ssim)).stdout)
+        print(f"{args.images} images, {source_bytes / 1e6:.1f} MB (load {load_average()})")
+        measured = {}
+        for preset in args.presets.split(","):
+            measured[preset] = measure_preset(src, work / f"store-{preset}", preset, args)
+            print(f"\n--scan-script {preset}\n{measured[preset]['text']}")
+        print(f"presets on the same {args.images} images (fidelity sample {args.sample}, decode timed on "
+              f"{args.timed}; x orig = relative to the baseline originals; load {load_average()})")
+        print(preset_table(measured))
+        first = args.presets.split(",")[0]
+        store, curve = work / f"store-{first}", measured[first]["curve"]
         recommended = curve["recommended"]
         ks = sorted({1, 2, 5, recommended} - {65535}) + ["full"]
-        results = {}
-        for k in ks:
-            runs = []
-            for r in range(args.repeat):
+        runs: dict[str, list[tuple[float, int, int]]] = {str(k): [] for k in [*ks, "originals"]}
+        for r in range(args.repeat):  # rounds over every K and the originals: load changes hit them alike
+            for k in ks:
                 with fanfs_mount(store, work / f"mnt-{k}-{r}", "--fidelity", str(k)):
                     seconds, presented = epoch(work / f"mnt-{k}-{r}", rels, args.workers)
                     stats = json.loads(fanfs("stats", work / f"mnt-{k}-{r}", "--json").stdout)
-                runs.append((seconds, presented, stats["bytes_stored_read"]))
-            seconds = median([s for s, _, _ in runs])
-            results[str(k)] = {"files_per_s": args.images / seconds, "mb_presented": runs[0][1] / 1e6,
-                               "mb_stored_read": runs[0][2] / 1e6}
+                runs[str(k)].append((seconds, presented, stats["bytes_stored_read"]))
+            runs["originals"].append((epoch(src, rels, args.workers)[0], 0, 0))
+        results = {k: {"files_per_s": args.images / median([s for s, _, _ in v]), "mb_presented": v[0][1] / 1e6,
+                       "mb_stored_read": v[0][2] / 1e6} for k, v in runs.items()}
+        native = results.pop("originals")["files_per_s"]
         full = results["full"]
         rows = [[k + (" (recommended)" if k == str(recommended) else ""), v["files_per_s"], v["mb_presented"],
-                 v["mb_stored_read"], v["files_per_s"] / full["files_per_s"], v["mb_presented"] / full["mb_presented"],
-                 v["mb_stored_read"] / full["mb_stored_read"]] for k, v in results.items()]
-        print(f"read + decode every image once, {args.workers} processes, fresh mount, median of {args.repeat} "
-              f"(load {load_average()})")
-        print(table(["K", "files/s", "MB presented", "MB from storage", "x files/s", "x presented", "x storage"], rows))
-        write_json(args.json, {"pack_images_per_s_per_core": args.images / pack_seconds / jobs, "curve": curve,
-                               "results": results})
+                 v["mb_stored_read"], v["files_per_s"] / full["files_per_s"], v["files_per_s"] / native,
+                 v["mb_presented"] / full["mb_presented"], v["mb_stored_read"] / full["mb_stored_read"]]
+                for k, v in results.items()]
+        print(f"\n--scan-script {first}: read + decode every image once, {args.workers} processes, fresh mount, "
+              f"median of {args.repeat} rounds over every K and the originals read from {args.workdir} directly "
+              f"({native:,.0f} files/s; load {load_average()})")
+        print(table(["K", "files/s", "MB presented", "MB from storage", "x files/s", "x originals", "x presented",
+                     "x storage"], rows))
+        write_json(args.json, {"presets": {p: {k: v for k, v in m.items() if k != "text"} for p, m in measured.items()},
+                               "originals_files_per_s": native, "results": results})
     return 0
 
 

@@ -27,6 +27,13 @@ def positive(text: str) -> int:
     return value
 
 
+def count(text: str) -> int:
+    """A whole number, 0 or more."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got {text!r}")
+    return int(text)
+
+
 def positive_size(text: str) -> int:
     value = size(text)
     if value < 1:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from ..errors import UsageError
 from ..util.units import human_size
-from .args import positive, precision, print_json, size
+from .args import count, positive, precision, print_json, size
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -118,7 +118,11 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     from ..store import Store
     from ..tune.fidelity import analyse, format_curve, plot_curve
     store = Store(args.store, check_shards=False)
-    curve = analyse(store, args.sample, args.seed, progress=not args.json)
+    if args.source and not args.timed:
+        raise UsageError("--source compares decode speeds: it needs --timed above 0")
+    if args.source and not os.path.isdir(args.source):
+        raise UsageError(f"--source {args.source} is not a directory: give the tree the store was packed from")
+    curve = analyse(store, args.sample, args.seed, progress=not args.json, timed=args.timed, source=args.source)
     if args.plot:
         plot_curve(curve, args.min_ssim, args.plot)
     if args.json:
@@ -210,12 +214,18 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--fidelity", metavar="K|full|auto:SSIM", help="JPEG records: first K scan groups")
     p.add_argument("--precision", type=precision, metavar="BITS|full", help="float records: first BITS bits of each value")
 
-    p = command("fidelity", cmd_fidelity, "measure bytes and SSIM/MS-SSIM per fidelity K on sampled JPEG records")
+    p = command("fidelity", cmd_fidelity, "measure bytes, SSIM/MS-SSIM and decode speed per fidelity K on sampled "
+                "JPEG records")
     p.add_argument("store")
     p.add_argument("--sample", type=positive, default=500, help="images to sample (default 500)")
+    p.add_argument("--timed", type=count, default=100, metavar="N",
+                   help="images of the sample whose Pillow decode is timed at every K, in this process (default "
+                        "100, a few ms per image and K; 0: no timing); speeds are relative to the full presentation")
+    p.add_argument("--source", metavar="DIR",
+                   help="the tree the store was packed from: decode speed relative to the original files too")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-ssim", type=float, default=0.95, help="quality bar for the recommendation (default 0.95)")
-    p.add_argument("--plot", metavar="PNG", help="write a plot of both curves and the bytes")
+    p.add_argument("--plot", metavar="PNG", help="write a plot of both curves, the bytes and the decode speed")
     p.add_argument("--json", action="store_true")
 
     p = command("stats", cmd_stats, "what a running mount has served")

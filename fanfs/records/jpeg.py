@@ -16,7 +16,7 @@ import numpy as np
 from ..util.checksum import checksum
 from .base import Columns, FULL, Packed, Presentation, Reader, RecordKind, expand, read_all, register
 from .jpegfile import EOI, JpegError, looks_like_jpeg, split_layers
-from .scans import ScanScript
+from .scans import DEFAULT_SCANS, LIBJPEG, scan_script
 from .transcode import to_progressive
 
 MAX_LAYERS = 64
@@ -30,8 +30,9 @@ class JpegRecords(RecordKind):
     label = "progressive records"
     setting = "fidelity"
 
-    def __init__(self, scan_script: ScanScript | None = None) -> None:
-        self.scan_script = scan_script
+    def __init__(self, scans: str = DEFAULT_SCANS) -> None:
+        """``scans``: a preset name, ``libjpeg`` or a scan-script file (:func:`.scans.scan_script`)."""
+        self.scan_script = scan_script(scans)
 
     # --- presentation -------------------------------------------------------------------------
 
@@ -99,7 +100,14 @@ class JpegRecords(RecordKind):
 
     def describe(self, index: Columns, entries: np.ndarray) -> dict[str, Any]:
         values, counts = np.unique(index.layers[entries], return_counts=True)
-        return {"layers": {str(int(v)): int(c) for v, c in zip(values, counts)}}
+        out: dict[str, Any] = {"layers": {str(int(v)): int(c) for v, c in zip(values, counts)}}
+        packed = (index.meta.get("records") or {}).get(self.name)
+        if isinstance(packed, dict) and "scan_script" in packed:  # fanfs 0.1's format-1 stores do not say
+            # before the presets, no script meant libjpeg's progression and a script came from a file
+            name = packed.get("scan_preset", LIBJPEG if packed["scan_script"] is None else None)
+            out["scan_script"] = str(name) if name else "file"
+            out["notes"] = [f"scan script: {name or 'custom (from a file)'}"]
+        return out
 
     # --- pack ---------------------------------------------------------------------------------
 
@@ -128,7 +136,8 @@ class JpegRecords(RecordKind):
         return None if same else "JPEG record pixels differ from the source"
 
     def pack_config(self) -> dict[str, Any] | None:
-        return {"scan_script": self.scan_script.text if self.scan_script else None}
+        script = self.scan_script
+        return {"scan_script": script.text if script else None, "scan_preset": script.name if script else LIBJPEG}
 
 
 def decode_pixels(data: bytes) -> np.ndarray:

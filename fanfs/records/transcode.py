@@ -142,8 +142,6 @@ def to_progressive(data: bytes, scan_script: ScanScript | None = None) -> bytes:
             except JpegError:
                 pass  # e.g. bytes after EOI: serve the clean transcode instead
     else:
-        if ncomp < scan_script.components:
-            scan_script = scan_script.restricted(ncomp)
-        out = _jpegtran(data, scan_script)
+        out = _jpegtran(data, scan_script.fitted(ncomp))
     split_layers(out)  # never hand out something the reader cannot split
     return out

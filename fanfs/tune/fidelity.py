@@ -1,9 +1,11 @@
-"""How much image quality each fidelity keeps, measured on a sample of a store's JPEG records.
+"""How much image quality each fidelity keeps, and what it costs to decode, on a sample of a store's JPEG records.
 
 For each K, over a seeded random sample of records: the mean fraction of bytes presented at K, and
 the mean SSIM and MS-SSIM (luma, numpy) of the K-layer decode against the full decode.  The
 recommendation for a quality bar X is the smallest K whose mean SSIM reaches X: the model-free way
 to pick PCR's scan group (Kuchnik et al. choose per task by gradient similarity; SSIM needs no model).
+On a subsample, the decode speed at each K (:mod:`.decode_speed`) relative to the full presentation
+and, given the tree the store was packed from, to the original files: fewer bytes can mean more CPU.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..errors import StoreError
+from ..errors import StoreError, UsageError
 from ..records import FULL
-from ..records.jpeg import JpegRecords
+from ..records.jpeg import MAX_SIZE, JpegRecords
 from ..store import Store
+from ..util.files import read_regular
 from ..util.progress import Progress
 from ..util.runtime import create_private, runtime_dir
 from ..util.workers import process_pool
@@ -34,6 +37,12 @@ class FidelityCurve:
     bytes_fraction: list[float]
     ssim: list[float]
     ms_ssim: list[float]
+    decode_vs_full: list[float] = field(default_factory=list)
+    """Per K, median over the timed images of decode time at full / at K (> 1: faster); empty if none timed."""
+    decode_vs_source: list[float] = field(default_factory=list)
+    """Per K, the same against the original file; empty without the source tree."""
+    timed: int = 0
+    with_source: int = 0
 
     def recommend(self, min_ssim: float) -> int:
         """Smallest K whose mean SSIM reaches ``min_ssim``; FULL when none does."""
@@ -62,7 +71,7 @@ def parse_fidelity(text: str) -> int | float:
 
 
 AUTO_SAMPLE = 100
-"""Images sampled for ``--fidelity auto:SSIM`` (the curve is measured once per store and cached)."""
+"""Images sampled for ``--fidelity auto:SSIM`` (the curve is measured once per store and cached, untimed)."""
 
 _store: Store | None = None  # the store being measured; forked workers inherit it
 
@@ -88,39 +97,83 @@ def _measure(entry: int) -> tuple[list[int], list[float], list[float]]:
     return sizes, ssims, msssims
 
 
-def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = None,
-            progress: bool = True) -> FidelityCurve:
-    """Measure the curve on ``sample`` records chosen with ``seed`` (parallel over ``jobs`` processes)."""
+def _original(source: str, path: bytes, full: bytes) -> bytes | None:
+    """The source file a record was packed from, if it is there and decodes to the record's pixels."""
+    from .quality import decode
+    try:
+        data = read_regular(os.path.join(os.fsencode(source), path), limit=MAX_SIZE)
+        return data if np.array_equal(decode(data), decode(full)) else None
+    except Exception:  # noqa: BLE001 - missing, unreadable or not the same image: not this record's original
+        return None
+
+
+def _time_decodes(store: Store, entries: list[int], top: int, source: str | None, seed: int,
+                  progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per image and K = 1..top, decode speed relative to the full presentation and to the original
+    (rows of images without a matching original are NaN in the second)."""
+    from .decode_speed import decode_times
+    rng = np.random.default_rng(seed)
+    vs_full = np.ones((len(entries), top))
+    vs_source = np.full((len(entries), top), np.nan)
+    with Progress(len(entries), "decode speed", enabled=progress) as bar:
+        for i, entry in enumerate(entries):
+            path = store.index.path(entry)
+            layers = int(store.index.layers[entry])
+            variants = [store.read_file(path, k) for k in range(1, layers)] + [store.read_file(path)]
+            original = _original(source, path, variants[-1]) if source else None
+            seconds = decode_times(variants + ([original] if original else []), rng)
+            full = seconds[layers - 1]
+            vs_full[i, :layers - 1] = full / np.asarray(seconds[:layers - 1])
+            if original:
+                vs_source[i, :layers] = seconds[-1] / np.asarray(seconds[:layers])
+                vs_source[i, layers:] = seconds[-1] / full
+            bar.update_to(i + 1)
+    return vs_full, vs_source
+
+
+def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = None, progress: bool = True,
+            timed: int = 0, source: str | None = None) -> FidelityCurve:
+    """Measure the curve on ``sample`` records chosen with ``seed`` (parallel over ``jobs`` processes),
+    and the decode speed on ``timed`` of them (first, in this process, against the originals under ``source``)."""
     records = np.flatnonzero(store.index.record == JpegRecords.kind_id)
     if records.size == 0:
         raise StoreError(f"{store.root} holds no progressive JPEG records: pack with --progressive-jpeg")
-    chosen = np.sort(np.random.default_rng(seed).choice(records, size=min(sample, records.size), replace=False))
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(records, size=min(sample, records.size), replace=False))
+    top = int(store.index.layers[chosen].max())
+    curve = FidelityCurve(store.meta["store_id"], int(chosen.size), list(range(1, top + 1)), [], [], [])
+    if timed > 0:
+        picked = np.sort(rng.choice(chosen, size=min(timed, chosen.size), replace=False)).tolist()
+        vs_full, vs_source = _time_decodes(store, picked, top, source, seed, progress)
+        found = ~np.isnan(vs_source[:, 0])
+        if source and not found.any():
+            raise UsageError(f"no timed record has its original under {source} (the same path, decoding to the "
+                             "same pixels): give --source the tree the store was packed from")
+        curve.timed, curve.with_source = len(picked), int(found.sum())
+        curve.decode_vs_full = np.median(vs_full, 0).round(3).tolist()
+        if found.any():
+            curve.decode_vs_source = np.median(vs_source[found], 0).round(3).tolist()
     global _store
     _store = store
     entries = chosen.tolist()
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(entries)))
-    results = []
+    fraction, ssims, msssims = np.ones((3, len(entries), top))
     with Progress(len(entries), "fidelity", enabled=progress) as bar, contextlib.ExitStack() as stack:
         if jobs > 1:
             pool = stack.enter_context(process_pool(jobs))
             measured = pool.map(_measure, entries, chunksize=4)
         else:
             measured = map(_measure, entries)  # in this process: an MPI rank must not fork
-        for n, result in enumerate(measured, 1):
-            results.append(result)
-            bar.update_to(n)
-    top = max(len(sizes) for sizes, _, _ in results)
-    fraction = np.ones((len(results), top))
-    ssims = np.ones((len(results), top))
-    msssims = np.ones((len(results), top))
-    for i, (sizes, s, m) in enumerate(results):
-        n = len(sizes)
-        fraction[i, :n] = np.asarray(sizes) / sizes[-1]
-        ssims[i, :n] = s
-        msssims[i, :n] = m
-    return FidelityCurve(store.meta["store_id"], len(results), list(range(1, top + 1)),
-                         fraction.mean(0).round(4).tolist(), ssims.mean(0).round(4).tolist(),
-                         msssims.mean(0).round(4).tolist())
+        for i, (sizes, s, m) in enumerate(measured):
+            n = len(sizes)
+            fraction[i, :n] = np.asarray(sizes) / sizes[-1]
+            ssims[i, :n] = s
+            msssims[i, :n] = m
+            bar.update_to(i + 1)
+    curve.bytes_fraction = fraction.mean(0).round(4).tolist()
+    curve.ssim = ssims.mean(0).round(4).tolist()
+    curve.ms_ssim = msssims.mean(0).round(4).tolist()
+    return curve
 
 
 def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = False,
@@ -150,35 +203,57 @@ def auto_fidelity(store: Store, min_ssim: float, jobs: int | None = None) -> tup
 
 def format_curve(curve: FidelityCurve, min_ssim: float) -> str:
     best = curve.recommend(min_ssim)
-    lines = [f"fidelity over {curve.images} sampled JPEG records (SSIM/MS-SSIM of the K-layer decode vs full)",
-             "   K   bytes   SSIM  MS-SSIM"]
-    for k, b, s, m in zip(curve.ks, curve.bytes_fraction, curve.ssim, curve.ms_ssim):
+    lines = [f"fidelity over {curve.images} sampled JPEG records (SSIM/MS-SSIM of the K-layer decode vs full)"]
+    if curve.timed:
+        against = " and (vs orig) the original file's" if curve.decode_vs_source else ""
+        lines.append(f"decode: Pillow decode speed at K, x the full presentation's{against} (> 1: faster); median "
+                     f"over {curve.timed} timed images" + (f", {curve.with_source} with their original" if against else ""))
+    columns = [(name, values) for name, values in (("decode", curve.decode_vs_full),
+                                                    ("vs orig", curve.decode_vs_source)) if values]
+    lines.append("   K   bytes   SSIM  MS-SSIM" + "".join(f" {name:>7}" for name, _ in columns))
+    for i, (k, b, s, m) in enumerate(zip(curve.ks, curve.bytes_fraction, curve.ssim, curve.ms_ssim)):
         mark = "  <- smallest K with SSIM >= %.3g" % min_ssim if k == best else ""
-        lines.append(f"{k:>4} {b:>7.3f} {s:>6.3f} {m:>8.3f}{mark}")
+        speeds = "".join(f" {values[i]:>6.2f}x" for _, values in columns)
+        lines.append(f"{k:>4} {b:>7.3f} {s:>6.3f} {m:>8.3f}{speeds}{mark}")
     if best == FULL:
         lines.append(f"no K below full reaches SSIM {min_ssim}: mount at full fidelity")
     return "\n".join(lines)
 
 
 def plot_curve(curve: FidelityCurve, min_ssim: float, path: str) -> None:
+    """Quality and bytes per K; below them, when timed, the decode speed per K."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    timed = bool(curve.decode_vs_full)
+    fig, axes = plt.subplots(2 if timed else 1, 1, figsize=(7, 7 if timed else 4.2), dpi=120, sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": [3, 2]} if timed else None)
+    ax = axes[0, 0]
     ax.plot(curve.ks, curve.ssim, "o-", label="SSIM vs full")
     ax.plot(curve.ks, curve.ms_ssim, "s-", label="MS-SSIM vs full")
     ax.plot(curve.ks, curve.bytes_fraction, "^--", color="gray", label="bytes read (fraction of full)")
     ax.axhline(min_ssim, color="red", lw=0.8, ls=":", label=f"SSIM bar {min_ssim}")
     best = curve.recommend(min_ssim)
-    if best != FULL:
-        ax.axvline(best, color="green", lw=1, ls="--", label=f"recommended K = {best}")
-    ax.set_xlabel("fidelity K (scan groups presented)")
+    for a in axes[:, 0]:
+        if best != FULL:
+            a.axvline(best, color="green", lw=1, ls="--", label=f"recommended K = {best}" if a is ax else None)
+        a.set_xticks(curve.ks)
+        a.grid(alpha=0.3)
     ax.set_ylabel("mean over sample")
-    ax.set_xticks(curve.ks)
     ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(f"fanfs fidelity: quality and bytes per K ({curve.images} images)")
+    if timed:
+        speed = axes[1, 0]
+        speed.plot(curve.ks, curve.decode_vs_full, "o-", color="purple", label="vs the full presentation")
+        if curve.decode_vs_source:
+            speed.plot(curve.ks, curve.decode_vs_source, "s-", color="darkorange",
+                       label=f"vs the original file ({curve.with_source} images)")
+        speed.axhline(1.0, color="black", lw=0.8)
+        speed.set_ylim(0, max([1.1, *curve.decode_vs_full, *curve.decode_vs_source]) * 1.05)
+        speed.set_ylabel(f"decode speed (x; median of {curve.timed})")
+        speed.legend(loc="upper right", fontsize=8)
+    axes[-1, 0].set_xlabel("fidelity K (scan groups presented)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
