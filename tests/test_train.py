@@ -272,6 +272,13 @@ def test_bad_mounts_and_candidates_are_one_line(photo_store, tmp_path, mount):
             assert "\n" not in str(err.value)
         with pytest.raises(UsageError, match="no parameter"):
             choose_fidelity(torch.nn.ReLU(), loss, PhotoFolder(mnt), mnt)
+
+        class Stream(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                return iter(PhotoFolder(mnt))
+
+        with pytest.raises(UsageError, match="map-style"):
+            choose_fidelity(model, loss, Stream(), mnt)
         assert request(mnt, {"cmd": "stats"})["fidelity"] == 2  # refused before any switch
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_text("no photos here")

@@ -44,7 +44,8 @@ from .mount import fidelity_ks, mount_status
 log = logging.getLogger("fanfs")
 
 THRESHOLD = 0.8
-"""PCR's: a K passes when the cosine similarity of its gradient to full fidelity's exceeds it."""
+"""PCR's: a K passes when the cosine similarity of its gradient to full fidelity's reaches it (PCR: exceeds;
+the same for any measured value, and a threshold of 1 then means a gradient equal to full's)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ def choose_fidelity(model: Any, loss_fn: Callable[[Any, Any], Any], dataset: Any
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise UsageError("the model has no parameter that requires a gradient: nothing to compare")
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+        raise UsageError("choose_fidelity needs a map-style dataset (indexable, with a length) to re-read the same samples")
     if len(dataset) == 0:
         raise UsageError("the dataset is empty: choose_fidelity needs samples to read")
     indices = sorted(random.Random(seed).sample(range(len(dataset)), min(len(dataset), batches * batch_size)))
