@@ -7,7 +7,7 @@ levels default to the fidelities at which the store's JPEG records present a qua
 quarters of their bytes, then full.  The training loop calls it once per epoch (or per window of steps)::
 
     schedule = fidelity_schedule("/tmp/imagenet", patience=2, min_delta=0.01, relative=True)
-    schedule.start()                        # e.g. fidelity 3: a quarter of the bytes
+    schedule.start()                        # e.g. fidelity 4: a quarter of the bytes
     for epoch in range(epochs):
         schedule.step(train_one_epoch(loader))
 """
