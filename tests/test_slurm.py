@@ -7,6 +7,7 @@ After every job, whatever its end, nothing of it may be left: no mount, no proce
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -118,3 +119,17 @@ def test_auto_fidelity_is_one_k_for_the_whole_job(slurm, tmp_path):
     assert "fidelity auto:0.95 ->" in slurm.output(job)
     assert_nothing_left(slurm, job)
 
+
+
+def test_srun_pmi2_start_up_uses_a_card_that_fits_slurms_pmi1_reader(slurm):
+    """Slurm 22.05 reads a PMI-1 line in one read() of 1024 bytes; MPICH's UCX business card can overflow
+    it (a sporadic start-up abort under load), so fanfs starts MPICH's MPI on OFI under srun --mpi=pmi2."""
+    probe = ("import os; from fanfs.cluster.world import World; w = World.detect(); "
+             "print(w.rank, w.size, os.environ.get('MPIR_CVAR_CH4_NETMOD'), w.allgather(w.rank))")
+    for _ in range(3):
+        done = slurm.run("srun", f"-N{NODES}", f"-n{NODES}", "--mpi=pmi2", sys.executable, "-c", probe, timeout=120)
+        lines = sorted(done.stdout.split("\n")[:-1])
+        assert lines == [f"{r} {NODES} ofi {list(range(NODES))}" for r in range(NODES)], done.stdout + done.stderr
+    kept = slurm.run("srun", "-N1", "-n2", "--mpi=pmi2", sys.executable, "-c", probe, timeout=120,
+                     env={"MPIR_CVAR_CH4_NETMOD": "ucx"})
+    assert sorted(kept.stdout.split("\n")[:-1]) == ["0 2 ucx [0, 1]", "1 2 ucx [0, 1]"], "the user's choice is kept"

@@ -45,6 +45,25 @@ def expand(path: str, rank: int | None = None) -> str:
     return path.replace("{rank}", str(launched_ranks()[0] if rank is None else rank))
 
 
+def _short_business_card(library_version: str) -> None:
+    """Under ``srun --mpi=pmi2``, have an MPICH built with both netmods start on OFI rather than UCX.
+
+    Slurm's pmi2 plugin reads a PMI-1 request with a single ``read()`` of at most 1024 bytes (its own
+    "TODO: read until newline"), and MPICH cuts a business card into values of up to 1024 bytes, so a
+    UCX card (a worker address of ~1 KB, hex-encoded) sometimes makes a ``put`` line just over the limit:
+    Slurm rejects it ("value not properly terminated in client request") and UCX then aborts on a garbled
+    address (MPICH issue 6924; its PMI-2 wire protocol, the other way round it, fails to start under
+    Slurm 22.05).  An OFI card is a socket address, far below the limit, and fanfs's MPI traffic is a
+    few collective calls at start-up (peers talk over their own sockets), so nothing is lost.  Whatever
+    the user set is kept.
+    """
+    if os.environ.get("SLURM_MPI_TYPE") != "pmi2" or "MPICH" not in library_version:
+        return
+    devices = next((line for line in library_version.splitlines() if "Device:" in line), "")
+    if "ofi" in devices and "ucx" in devices:
+        os.environ.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
+
+
 class AgreedError(StoreError):
     """A failure every rank of the job raises alike (:meth:`World.agree`): one rank reporting it is enough."""
 
@@ -64,9 +83,12 @@ class World:
         if size == 1:
             return cls()
         import mpi4py
-        mpi4py.rc.thread_level = "single"
+        mpi4py.rc.initialize = False  # the library is asked first what it is (allowed before MPI_Init)
         mpi4py.rc.finalize = False  # finalising with a dead peer can block: only done where every rank is known alive
         from mpi4py import MPI
+        if not MPI.Is_initialized():
+            _short_business_card(MPI.Get_library_version())
+            MPI.Init_thread(MPI.THREAD_SINGLE)
         MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)  # an MPI error is an exception here, never an abort
         world = cls(MPI.COMM_WORLD)
         if world.rank != rank or world.size != size:
