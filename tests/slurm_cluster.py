@@ -399,13 +399,21 @@ def _wait_for(predicate, timeout: float, what: str, poll: float = 0.05) -> None:
 def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
     """While the cluster runs, SIGTERM (timeout(1), CI cancelling) raises KeyboardInterrupt instead
     of killing Python on the spot, so that the cluster is still shut down.  Only from the main
-    thread, and only if nobody else handles SIGTERM."""
+    thread, and only if nobody else handles SIGTERM.  A process forked meanwhile (a test's worker
+    pool) still dies of SIGTERM: a KeyboardInterrupt there once left a pool worker that
+    ``Pool.terminate()`` waited for forever."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
 
+    owner = os.getpid()
+
     def handler(signum, frame):
+        if os.getpid() != owner:  # a child forked by a test (a worker pool): die as SIGTERM means
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, handler)
     try:

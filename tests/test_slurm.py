@@ -7,6 +7,7 @@ After every job, whatever its end, nothing of it may be left: no mount, no proce
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -130,6 +131,19 @@ def test_srun_pmi2_start_up_uses_a_card_that_fits_slurms_pmi1_reader(slurm):
         done = slurm.run("srun", f"-N{NODES}", f"-n{NODES}", "--mpi=pmi2", sys.executable, "-c", probe, timeout=120)
         lines = sorted(done.stdout.split("\n")[:-1])
         assert lines == [f"{r} {NODES} ofi {list(range(NODES))}" for r in range(NODES)], done.stdout + done.stderr
-    kept = slurm.run("srun", "-N1", "-n2", "--mpi=pmi2", sys.executable, "-c", probe, timeout=120,
-                     env={"MPIR_CVAR_CH4_NETMOD": "ucx"})
-    assert sorted(kept.stdout.split("\n")[:-1]) == ["0 2 ucx [0, 1]", "1 2 ucx [0, 1]"], "the user's choice is kept"
+
+
+def test_the_user_s_netmod_and_other_launchers_are_left_alone(monkeypatch):
+    from fanfs.cluster.world import _short_business_card
+    both = "MPICH Version:      5.0.2\nMPICH Device:       ch4:ucx ofi\n"
+    for env, library, expected in [({"SLURM_MPI_TYPE": "pmi2"}, both, "ofi"),
+                                   ({"SLURM_MPI_TYPE": "pmi2", "MPIR_CVAR_CH4_NETMOD": "ucx"}, both, "ucx"),
+                                   ({"SLURM_MPI_TYPE": "pmix"}, both, None), ({}, both, None),
+                                   ({"SLURM_MPI_TYPE": "pmi2"}, "MPICH Version: 4\nMPICH Device: ch4:ucx\n", None),
+                                   ({"SLURM_MPI_TYPE": "pmi2"}, "Open MPI v5.0.3", None)]:
+        monkeypatch.delenv("MPIR_CVAR_CH4_NETMOD", raising=False)
+        monkeypatch.delenv("SLURM_MPI_TYPE", raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        _short_business_card(library)
+        assert os.environ.get("MPIR_CVAR_CH4_NETMOD") == expected, (env, library)
