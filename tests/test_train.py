@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import random
 import subprocess
 import sys
@@ -21,7 +20,6 @@ import numpy as np
 import pytest
 from conftest import fanfs
 from jpeg_samples import make_photo_set
-from PIL import Image
 
 from fanfs.errors import FanfsError, UsageError
 from fanfs.records import FULL
@@ -30,28 +28,16 @@ from fanfs.store import Store
 
 torch = pytest.importorskip("torch")
 
+from photo_folder import PhotoFolder  # noqa: E402
+
 from fanfs.train import choose_fidelity, fidelity_levels, fidelity_schedule  # noqa: E402
 
 CLASSES, PER_CLASS, CROP = 4, 12, 32
 
 
-class PhotoFolder(torch.utils.data.Dataset):
-    """What a user writes: one folder per class, PIL decode, a random crop, a float tensor."""
-
-    def __init__(self, root: Path) -> None:
-        classes = sorted(os.listdir(root))
-        self.items = [(root / c / name, label) for label, c in enumerate(classes) for name in sorted(os.listdir(root / c))]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int):
-        path, label = self.items[i]
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-        x, y = random.randint(0, im.width - CROP), random.randint(0, im.height - CROP)
-        pixels = np.asarray(im.crop((x, y, x + CROP, y + CROP)), dtype=np.float32) / 255
-        return torch.from_numpy(pixels).permute(2, 0, 1), label
+def photos(root: Path) -> PhotoFolder:
+    """What a user writes (tests/photo_folder.py), at this test's crop."""
+    return PhotoFolder(root, CROP)
 
 
 def tiny_cnn() -> torch.nn.Module:
@@ -114,7 +100,7 @@ def test_gradient_choice_switches_the_mount_and_training_reads_fewer_layers(phot
     torch.manual_seed(0)
     random.seed(0)
     with mount(photo_store) as mnt:
-        dataset = PhotoFolder(mnt)
+        dataset = photos(mnt)
         loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2, persistent_workers=True)
         try:
             model = tiny_cnn()
@@ -148,7 +134,7 @@ def test_choice_is_deterministic_and_only_fidelity_moves_the_gradient(photo_stor
     model = tiny_cnn()
     loss = torch.nn.functional.cross_entropy
     with mount(photo_store, "--fidelity", "3") as mnt:
-        dataset = PhotoFolder(mnt)
+        dataset = photos(mnt)
         first = choose_fidelity(model, loss, dataset, mnt, candidates=[5, 1], threshold=1.0, batches=2,
                                 batch_size=8, num_workers=2, switch=False)
         again = choose_fidelity(model, loss, dataset, mnt, candidates=[1, 5], threshold=1.0, batches=2,
@@ -185,7 +171,7 @@ def test_failed_choice_puts_the_mount_and_model_back(photo_store, mount):
     with mount(photo_store, "--fidelity", "4") as mnt:
         before = snapshot(model)
         with pytest.raises(RuntimeError, match="loss blew up"):
-            choose_fidelity(model, failing_loss, PhotoFolder(mnt), mnt, batches=2, batch_size=8, num_workers=2)
+            choose_fidelity(model, failing_loss, photos(mnt), mnt, batches=2, batch_size=8, num_workers=2)
         assert request(mnt, {"cmd": "stats"})["fidelity"] == 4
         assert_same(before, snapshot(model))
     assert not mp.active_children()  # the choice's DataLoader workers are gone
@@ -199,7 +185,7 @@ def test_schedule_raises_fidelity_as_the_loss_plateaus(photo_store, mount):
         schedule = fidelity_schedule(mnt, patience=1, min_delta=0.05, relative=True)
         assert schedule.levels == levels and levels[-1] == FULL and len(levels) >= 3
         schedule.start()
-        loader = torch.utils.data.DataLoader(PhotoFolder(mnt), batch_size=16, shuffle=True, num_workers=2,
+        loader = torch.utils.data.DataLoader(photos(mnt), batch_size=16, shuffle=True, num_workers=2,
                                              persistent_workers=True)
         try:
             model = tiny_cnn()
@@ -273,11 +259,11 @@ def test_bad_mounts_and_candidates_are_one_line(photo_store, tmp_path, mount):
                 choose_fidelity(model, loss, [], mnt, **kwargs)
             assert "\n" not in str(err.value)
         with pytest.raises(UsageError, match="no parameter"):
-            choose_fidelity(torch.nn.ReLU(), loss, PhotoFolder(mnt), mnt)
+            choose_fidelity(torch.nn.ReLU(), loss, photos(mnt), mnt)
 
         class Stream(torch.utils.data.IterableDataset):
             def __iter__(self):
-                return iter(PhotoFolder(mnt))
+                return iter(photos(mnt))
 
         with pytest.raises(UsageError, match="map-style"):
             choose_fidelity(model, loss, Stream(), mnt)

@@ -17,15 +17,12 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import random
 import sys
 import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (REPO, common_args, fanfs, fanfs_mount, load_average, median, table, temp_dir,  # noqa: E402
@@ -33,33 +30,13 @@ from benchlib import (REPO, common_args, fanfs, fanfs_mount, load_average, media
 
 sys.path.insert(0, str(REPO / "tests"))
 from jpeg_samples import make_photo_set  # noqa: E402
+from photo_folder import PhotoFolder  # noqa: E402
 
 from fanfs.records import FULL  # noqa: E402
 from fanfs.train import choose_fidelity  # noqa: E402
 
 CLASSES, CROP = 10, 64
 warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores: the issue's workload
-
-
-class PhotoFolder(torch.utils.data.Dataset):
-    """The user's dataset: one folder per class, PIL decode, a random crop, a float tensor."""
-
-    def __init__(self, root: Path) -> None:
-        classes = sorted(os.listdir(root))
-        self.items = [(root / c / name, label) for label, c in enumerate(classes) for name in sorted(os.listdir(root / c))]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        path, label = self.items[i]
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-        if im.width < CROP or im.height < CROP:
-            im = im.resize((max(CROP, im.width), max(CROP, im.height)))
-        x, y = random.randint(0, im.width - CROP), random.randint(0, im.height - CROP)
-        pixels = np.asarray(im.crop((x, y, x + CROP, y + CROP)), dtype=np.float32) / 255
-        return torch.from_numpy(pixels).permute(2, 0, 1), label
 
 
 def small_cnn() -> torch.nn.Module:
@@ -70,7 +47,7 @@ def small_cnn() -> torch.nn.Module:
 
 def epoch(root: Path, workers: int, batch_size: int, seed: int, model: torch.nn.Module | None = None) -> float:
     """Seconds for one epoch over ``root`` (a training step per batch when a model is given)."""
-    loader = torch.utils.data.DataLoader(PhotoFolder(root), batch_size=batch_size, shuffle=True, num_workers=workers,
+    loader = torch.utils.data.DataLoader(PhotoFolder(root, CROP), batch_size=batch_size, shuffle=True, num_workers=workers,
                                          generator=torch.Generator().manual_seed(seed))
     optimiser = torch.optim.SGD(model.parameters(), lr=0.05) if model is not None else None
     started = time.perf_counter()
@@ -104,7 +81,7 @@ def main() -> int:
     with temp_dir(args.workdir, "bench-train-") as work:
         src = work / "src"
         source_bytes = make_photos(src, args.images)
-        images = len(PhotoFolder(src))
+        images = len(PhotoFolder(src, CROP))
         plain, progressive = work / "plain", work / "progressive"
         fanfs("pack", src, plain, "--quiet")
         script = ["--scan-script", args.scan_script] if args.scan_script else []
@@ -152,7 +129,7 @@ def main() -> int:
                 if when != "untrained":
                     epoch(mnt, args.workers, args.batch_size, 0, model)
                 started = time.perf_counter()
-                choice = choose_fidelity(model, torch.nn.functional.cross_entropy, PhotoFolder(mnt), mnt, batches=4,
+                choice = choose_fidelity(model, torch.nn.functional.cross_entropy, PhotoFolder(mnt, CROP), mnt, batches=4,
                                          batch_size=args.batch_size, num_workers=args.workers, switch=False)
                 seconds = time.perf_counter() - started
                 choices[when] = {"fidelity": choice.fidelity, "similarity": choice.similarity, "seconds": seconds}
