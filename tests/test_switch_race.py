@@ -31,9 +31,19 @@ SWITCHES = (1, 3, FULL, 5, 2, FULL)
 SECONDS = 12.0
 
 
-def _reader(args: tuple[str, list[str], dict[str, set[int]], float, int]) -> tuple[int, list[str]]:
-    """Read random files until the deadline; returns (reads, problems)."""
-    mnt, names, valid, deadline, seed = args
+def _decoded(data: bytes, how: str) -> None:
+    """Raise unless ``data`` decodes as ``how`` says: "image" (Pillow) or "npy" (numpy)."""
+    if how == "image":
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+    else:
+        np.load(io.BytesIO(data))
+
+
+def _reader(args: tuple[str, list[str], dict[str, set[int]], float, int, dict[str, str]]) -> tuple[int, list[str]]:
+    """Read random files until the deadline; returns (reads, problems).  Every read must be as long as
+    fstat says and one presentation of the record; the names in ``decodes`` must also decode."""
+    mnt, names, valid, deadline, seed, decodes = args
     rng = random.Random(seed)
     reads, problems = 0, []
     while time.monotonic() < deadline:
@@ -46,10 +56,9 @@ def _reader(args: tuple[str, list[str], dict[str, set[int]], float, int]) -> tup
             problems.append(f"{name}: read {len(data)} bytes, fstat said {size}")
         elif xxhash.xxh3_64_intdigest(data) not in valid[name]:
             problems.append(f"{name}: {len(data)} bytes that are no presentation of the record")
-        else:
+        elif name in decodes:
             try:
-                with Image.open(io.BytesIO(data)) as im:
-                    im.load()
+                _decoded(data, decodes[name])
             except Exception as err:  # noqa: BLE001 - any decode failure is the finding
                 problems.append(f"{name}: does not decode: {err}")
     return reads, problems
@@ -80,7 +89,8 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
     with mount(store, "--fidelity", "2") as mnt:
         deadline = time.monotonic() + SECONDS
         with mp.get_context("fork").Pool(8) as pool:
-            pending = pool.map_async(_reader, [(str(mnt), names, valid, deadline, seed) for seed in range(8)])
+            decodes = dict.fromkeys(names, "image")
+            pending = pool.map_async(_reader, [(str(mnt), names, valid, deadline, seed, decodes) for seed in range(8)])
             switches = 0
             while time.monotonic() < deadline:
                 k = SWITCHES[switches % len(SWITCHES)]
@@ -103,29 +113,6 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
             with open(mnt / name, "rb") as f:
                 assert os.fstat(f.fileno()).st_size == len(expected) and f.read() == expected, name
         s.close()
-
-
-def _mixed_reader(args: tuple[str, list[str], dict[str, set[int]], float, int, set[str]]) -> tuple[int, list[str]]:
-    """Like _reader, for JPEG and float records: every read is one presentation; .npy records load."""
-    mnt, names, valid, deadline, seed, loadable = args
-    rng = random.Random(seed)
-    reads, problems = 0, []
-    while time.monotonic() < deadline:
-        name = rng.choice(names)
-        with open(os.path.join(mnt, name), "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data = f.read()
-        reads += 1
-        if len(data) != size:
-            problems.append(f"{name}: read {len(data)} bytes, fstat said {size}")
-        elif xxhash.xxh3_64_intdigest(data) not in valid[name]:
-            problems.append(f"{name}: {len(data)} bytes that are no presentation of the record")
-        elif name in loadable:
-            try:
-                np.load(io.BytesIO(data))
-            except Exception as err:  # noqa: BLE001 - any load failure is the finding
-                problems.append(f"{name}: does not load: {err}")
-    return reads, problems
 
 
 def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monkeypatch):
@@ -151,8 +138,8 @@ def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monke
     with mount(store, "--precision", "16", "--fidelity", "2") as mnt:
         deadline = time.monotonic() + SECONDS * 0.75
         with mp.get_context("fork").Pool(6) as pool:
-            pending = pool.map_async(_mixed_reader, [(str(mnt), names, valid, deadline, seed, loadable)
-                                                        for seed in range(6)])
+            decodes = dict.fromkeys(loadable, "npy")
+            pending = pool.map_async(_reader, [(str(mnt), names, valid, deadline, seed, decodes) for seed in range(6)])
             switches = 0
             while time.monotonic() < deadline:
                 setting = settings[switches % len(settings)]

@@ -16,6 +16,7 @@ import socket
 import uuid
 
 from ..store.format import INDEX_MAGIC, INDEX_NAME, SHARD_DIR
+from ..util.workers import pid_alive
 from .shards import PackError
 
 PARTIAL_MARKER = ".fanfs-partial"
@@ -100,18 +101,8 @@ def _remove_stale(parent: str, name: str) -> None:
             host, pid, boot = owner["host"], int(owner["pid"]), owner.get("boot", "")
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not something fanfs wrote: never touched
-        if host == socket.gethostname() and (boot != _boot_id() or not _pid_alive(pid)) and not os.path.islink(path):
+        if host == socket.gethostname() and (boot != _boot_id() or not pid_alive(pid)) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def commit(tmp: str, store: str) -> None:

@@ -21,6 +21,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from ..util.sockets import recv_exactly
 from ..util.workers import die_with_parent
 
 _LENGTH = struct.Struct("<Q")
@@ -35,23 +36,11 @@ def send(sock: socket.socket, message: Any) -> None:
 
 def recv(sock: socket.socket) -> Any:
     """The next message, or None if the other process went away."""
-    head = _recv_exactly(sock, _LENGTH.size)
-    if head is None:
+    try:
+        head = recv_exactly(sock, _LENGTH.size)
+        return pickle.loads(recv_exactly(sock, _LENGTH.unpack(head)[0]))
+    except ConnectionResetError:
         return None
-    data = _recv_exactly(sock, _LENGTH.unpack(head)[0])
-    return None if data is None else pickle.loads(data)
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            return None
-        got += k
-    return bytes(buf)
 
 
 class Handoff:

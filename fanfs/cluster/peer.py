@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import FanfsError, NotHeld
 from ..store.format import shard_name
 from ..store.sources import HeldShards, ShardSource
+from ..util.sockets import recv_exactly
 from .placement import Placement
 
 log = logging.getLogger("fanfs")
@@ -74,18 +75,6 @@ class BlobLocator:
         i = int(np.searchsorted(self._first, blob, side="right")) - 1
         entry = int(self._files[i])
         return int(self._index.shard[entry])
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            raise ConnectionResetError(errno.ECONNRESET, "the peer closed the connection")
-        got += k
-    return buf
 
 
 def listen(host: str) -> socket.socket:
@@ -132,7 +121,7 @@ class PeerServer:
     def _serve(self, conn: socket.socket, peer: Any) -> None:
         try:
             conn.settimeout(10)
-            magic, secret, store_id, rank = HELLO.unpack(_recv_exactly(conn, HELLO.size))
+            magic, secret, store_id, rank = HELLO.unpack(recv_exactly(conn, HELLO.size))
             if magic != MAGIC or not hmac.compare_digest(secret, self.secret) or store_id != self.store_id:
                 self.refused += 1
                 log.warning("peer: refused a connection from %s: not of this job", peer[0])
@@ -140,7 +129,7 @@ class PeerServer:
             conn.sendall(b"\0")
             conn.settimeout(None)
             while True:
-                kind, blob = REQUEST.unpack(_recv_exactly(conn, REQUEST.size))
+                kind, blob = REQUEST.unpack(recv_exactly(conn, REQUEST.size))
                 if kind == BYE:
                     self.on_bye(rank)
                     return
@@ -223,7 +212,7 @@ class PeerClient:
         sock = socket.create_connection(self.endpoints[peer], timeout=self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(self._hello)
-        if _recv_exactly(sock, 1) != b"\0":
+        if recv_exactly(sock, 1) != b"\0":
             raise OSError(errno.EACCES, "handshake refused")
         return sock
 
@@ -238,8 +227,8 @@ class PeerClient:
                 sock = self._connect(holder)
             sock.settimeout(self.timeout)
             sock.sendall(REQUEST.pack(READ, blob))
-            status, length = REPLY.unpack(_recv_exactly(sock, REPLY.size))
-            payload = _recv_exactly(sock, length)
+            status, length = REPLY.unpack(recv_exactly(sock, REPLY.size))
+            payload = recv_exactly(sock, length)
         except TimeoutError:
             self._give_up(holder, SILENT_SECONDS, timeout=True)
             log.warning("peer: rank %d did not answer within %g s (blob %d); asking the next holder",
@@ -285,7 +274,7 @@ class PeerClient:
                 with socket.create_connection(self.endpoints[peer], timeout=1.0) as sock:
                     sock.settimeout(1.0)
                     sock.sendall(self._hello)
-                    _recv_exactly(sock, 1)
+                    recv_exactly(sock, 1)
                     sock.sendall(REQUEST.pack(BYE, 0))
             except OSError:
                 pass

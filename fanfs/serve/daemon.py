@@ -24,6 +24,7 @@ from ..errors import FanfsError, StoreError
 from ..records import Presentation, check_presentation
 from ..store import Store
 from ..util.runtime import create_private
+from ..util.workers import pid_alive
 from . import control
 
 log = logging.getLogger("fanfs")
@@ -263,12 +264,8 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:  # a zombie child of ours counts as gone
         done, _ = os.waitpid(pid, os.WNOHANG)
         return done == 0

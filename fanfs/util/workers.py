@@ -24,6 +24,17 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (someone else's counts: signalling it is only refused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def die_with_parent(sig: int, parent: int) -> None:
     """Have the kernel send ``sig`` to this (forked) process when ``parent``, which forked it, dies."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
