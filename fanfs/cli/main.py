@@ -25,7 +25,7 @@ read-only through FUSE, so unmodified training code reads plain POSIX files from
 
 typical use:
   fanfs pack ~/imagenet /scratch/imagenet.fanfs --progressive-jpeg
-  fanfs mount /scratch/imagenet.fanfs /tmp/imagenet --fidelity 5
+  fanfs mount /scratch/imagenet.fanfs /tmp/imagenet --fidelity auto:0.95
   python train.py --data /tmp/imagenet
   fanfs umount /tmp/imagenet
 
