@@ -52,8 +52,8 @@ def _short_business_card(library_version: str) -> None:
     "TODO: read until newline"), and MPICH cuts a business card into values of up to 1024 bytes, so a
     UCX card (a worker address of ~1 KB, hex-encoded) sometimes makes a ``put`` line just over the limit:
     Slurm rejects it ("value not properly terminated in client request") and UCX then aborts on a garbled
-    address (MPICH issue 6924; its PMI-2 wire protocol, the other way round it, fails to start under
-    Slurm 22.05).  An OFI card is a socket address, far below the limit, and fanfs's MPI traffic is a
+    address (MPICH issue 6924; MPICH's PMI-2 wire protocol, which carries lengths, does not start under
+    Slurm 22.05 at all).  An OFI card is a socket address, far below the limit, and fanfs's MPI traffic is a
     few collective calls at start-up (peers talk over their own sockets), so nothing is lost.  Whatever
     the user set is kept.
     """
