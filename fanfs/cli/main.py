@@ -73,13 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     def interrupt(signum: int, frame: FrameType | None) -> None:
         if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
             # Inside the import machinery (a module lock's weakref callback), an exception is printed
-            # as "Exception ignored" and lost: deliver the Ctrl-C again once out of it.
-            signal.raise_signal(signum)
+            # as "Exception ignored" and lost: deliver the Ctrl-C again in a millisecond, once out of
+            # it (SIGALRM comes back here).  Not raise_signal(): its handler runs at once, still inside.
+            signal.setitimer(signal.ITIMER_REAL, 0.001)
             return
         interrupts.append(signum)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, interrupt)  # from here on a Ctrl-C is a KeyboardInterrupt
+    signal.signal(signal.SIGALRM, interrupt)  # a Ctrl-C deferred out of the import machinery
     try:
         args = build_parser().parse_args(argv)
         code = args.func(args)
@@ -87,8 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return _interrupted()
-    except ImportError:
-        if interrupts:  # a Ctrl-C inside an extension's import (numpy's) comes out as an ImportError
+    except (ImportError, RuntimeError):
+        # a Ctrl-C inside an extension's import (numpy's) comes out as an ImportError, and one while a
+        # class body is set up (a dataclass field's __set_name__) as a RuntimeError
+        if interrupts:
             return _interrupted()
         raise
     except BrokenPipeError:
@@ -98,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FanfsError, ValueError, OSError) as err:
         print(f"fanfs: error: {one_line(err)}", file=sys.stderr)
         return 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)  # the command is over: no deferred Ctrl-C after it
 
 
 def _interrupted() -> int:
