@@ -58,17 +58,15 @@ def test_info_shows_the_capacity_gained(photos):
     assert f"at fidelity {K}:" in text and "staged at fidelity 2" in text
 
 
-def test_one_node_staged_at_k_serves_k_locally_and_more_from_the_shared_store(photos, tmp_path):
+def test_one_node_staged_at_k_serves_k_locally_and_more_from_the_shared_store(photos, tmp_path, mount):
     store, names, expected, read_at_k = photos
-    local, mnt = tmp_path / "local", tmp_path / "mnt"
+    local = tmp_path / "local"
     report = json.loads(fanfs("stage", store, local, "--fidelity", str(K), "--json", "--quiet").stdout)
     index = Store(str(store), check_shards=False).index
     at_k = int(index.blob_stored[read_at_k].sum())
     assert report["nodes"][0]["copied_bytes"] == at_k and report["presentation"]["fidelity"] == K
     assert staged_bytes(local) < at_k + 64 * 1024 < int(index.blob_stored.sum())  # only the prefix is on disk
-    mnt.mkdir()
-    fanfs("mount", store, mnt, "--local-dir", local, "--fidelity", str(K))
-    try:
+    with mount(store, "--local-dir", local, "--fidelity", str(K)) as mnt:
         assert {n: (mnt / n).read_bytes() for n in names} == expected[K]
         stats = json.loads(fanfs("stats", mnt, "--json").stdout)
         assert stats["staged"]["fidelity"] == K and stats["shared_bytes"] == 0
@@ -79,20 +77,15 @@ def test_one_node_staged_at_k_serves_k_locally_and_more_from_the_shared_store(ph
         assert stats["shared_bytes"] == above and stats["by_source"][str(local)] >= at_k
         assert set(stats["by_source"]) == {str(local), "shared store"}
         assert "read from the shared store above it" in fanfs("stats", mnt).stdout
-    finally:
-        fanfs("umount", mnt, check=False)
-        force_unmount(mnt)
 
 
-def test_above_k_without_the_shared_store_is_eio_and_k_still_works(photos, tmp_path):
+def test_above_k_without_the_shared_store_is_eio_and_k_still_works(photos, tmp_path, mount):
     store, names, expected, _ = photos
     copy = tmp_path / "store"
     shutil.copytree(store, copy)
-    local, mnt = tmp_path / "local", tmp_path / "mnt"
+    local = tmp_path / "local"
     fanfs("stage", copy, local, "--fidelity", str(K), "--quiet")
-    mnt.mkdir()
-    fanfs("mount", copy, mnt, "--local-dir", local, "--fidelity", "full")
-    try:
+    with mount(copy, "--local-dir", local, "--fidelity", "full") as mnt:
         shutil.rmtree(copy / "shards")  # the shared file system lost the store's shards
         jpeg = next(n for n in names if n.endswith(".jpg"))
         with pytest.raises(OSError) as caught:
@@ -100,9 +93,6 @@ def test_above_k_without_the_shared_store_is_eio_and_k_still_works(photos, tmp_p
         assert caught.value.errno == 5  # EIO, never wrong bytes
         fanfs("ctl", mnt, "--fidelity", str(K))
         assert {n: (mnt / n).read_bytes() for n in names} == expected[K]  # the staged layers still serve
-    finally:
-        fanfs("umount", mnt, check=False)
-        force_unmount(mnt)
 
 
 def test_restaging_higher_copies_only_the_new_layers(photos, tmp_path):

@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,6 +65,29 @@ def _reader(args: tuple[str, list[str], dict[str, set[int]], float, int, dict[st
     return reads, problems
 
 
+def _race(mnt: Path, names: list[str], valid: dict[str, set[int]], decodes: dict[str, str],
+          settings: list[dict[str, int]], readers: int, seconds: float, pause: float) -> tuple[int, int, list[str]]:
+    """``readers`` processes read (``_reader``) while the mount cycles through ``settings`` every ``pause``
+    seconds; returns (reads, switches, problems)."""
+    deadline = time.monotonic() + seconds
+    with mp.get_context("fork").Pool(readers) as pool:
+        pending = pool.map_async(_reader, [(str(mnt), names, valid, deadline, seed, decodes) for seed in range(readers)])
+        switches = 0
+        while time.monotonic() < deadline:
+            setting = settings[switches % len(settings)]
+            answer = request(mnt, {"cmd": "present", **setting}, timeout=60)
+            assert all(answer[k] == v for k, v in setting.items())
+            switches += 1
+            time.sleep(pause)
+        results = pending.get(timeout=120)
+    return sum(r for r, _ in results), switches, [p for _, ps in results for p in ps]
+
+
+def _digests(s: Store, entry: int, views) -> set[int]:
+    """The digests of every presentation of ``entry`` at ``views``: what a read may return."""
+    return {xxhash.xxh3_64_intdigest(s.read(entry, 0, s.size_at(entry, k), k)) for k in views}
+
+
 @pytest.fixture(scope="module")
 def photo_store(tmp_path_factory):
     base = tmp_path_factory.mktemp("race")
@@ -82,25 +106,12 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
         entry = s.lookup(name.encode())
         assert s.index.record[entry] == JpegRecords.kind_id
         layers = int(s.index.layers[entry])
-        valid[name] = {xxhash.xxh3_64_intdigest(s.read(entry, 0, s.size_at(entry, k), k))
-                       for k in range(1, layers + 1)}
+        valid[name] = _digests(s, entry, range(1, layers + 1))
     s.close()
     monkeypatch.setenv("FANFS_DEBUG_INVALIDATE_DELAY", "0.003")  # the daemon inherits it
     with mount(store, "--fidelity", "2") as mnt:
-        deadline = time.monotonic() + SECONDS
-        with mp.get_context("fork").Pool(8) as pool:
-            decodes = dict.fromkeys(names, "image")
-            pending = pool.map_async(_reader, [(str(mnt), names, valid, deadline, seed, decodes) for seed in range(8)])
-            switches = 0
-            while time.monotonic() < deadline:
-                k = SWITCHES[switches % len(SWITCHES)]
-                answer = request(mnt, {"cmd": "present", "fidelity": k}, timeout=60)
-                assert answer["fidelity"] == k
-                switches += 1
-                time.sleep(0.2)
-            results = pending.get(timeout=120)
-        reads = sum(r for r, _ in results)
-        problems = [p for _, ps in results for p in ps]
+        reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"),
+                                          [{"fidelity": k} for k in SWITCHES], 8, SECONDS, 0.2)
         print(f"{reads} reads by 8 processes, {switches} switches: {len(problems)} torn or undecodable")
         assert switches >= 10 and reads >= 1000
         assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"
@@ -127,7 +138,7 @@ def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monke
     for entry in np.flatnonzero(s.index.type == 1).tolist():
         name = os.fsdecode(s.index.path(entry))
         views = range(1, int(s.index.layers[entry]) + 1) if s.index.record[entry] else [FULL]
-        valid[name] = {xxhash.xxh3_64_intdigest(s.read(entry, 0, s.size_at(entry, k), k)) for k in [*views, FULL]}
+        valid[name] = _digests(s, entry, [*views, FULL])
         names.append(name)
         if s.index.record[entry] == FloatRecords.kind_id and name.endswith(".npy"):
             loadable.add(name)
@@ -136,20 +147,8 @@ def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monke
     settings = [{"precision": 8}, {"fidelity": 1}, {"precision": FULL}, {"fidelity": 3}, {"precision": 16},
                 {"fidelity": FULL}, {"precision": 24}, {"fidelity": 2}]
     with mount(store, "--precision", "16", "--fidelity", "2") as mnt:
-        deadline = time.monotonic() + SECONDS * 0.75
-        with mp.get_context("fork").Pool(6) as pool:
-            decodes = dict.fromkeys(loadable, "npy")
-            pending = pool.map_async(_reader, [(str(mnt), names, valid, deadline, seed, decodes) for seed in range(6)])
-            switches = 0
-            while time.monotonic() < deadline:
-                setting = settings[switches % len(settings)]
-                answer = request(mnt, {"cmd": "present", **setting}, timeout=60)
-                assert all(answer[k] == v for k, v in setting.items())
-                switches += 1
-                time.sleep(0.15)
-            results = pending.get(timeout=120)
-    reads = sum(r for r, _ in results)
-    problems = [p for _, ps in results for p in ps]
+        reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(loadable, "npy"), settings, 6,
+                                          SECONDS * 0.75, 0.15)
     print(f"{reads} reads by 6 processes, {switches} switches: {len(problems)} torn or unloadable")
     assert switches >= 10 and reads >= 500
     assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"
