@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -84,7 +85,9 @@ def stage(store: Path, base: Path, replicas: int, nodes: int = NODES) -> str:
 class Job:
     """A mount job: ``mpiexec -n N fanfs mount ... --foreground``, each rank with its own dirs."""
 
-    def __init__(self, store: Path, base: Path, replicas: int, *options: str, nodes: int = NODES) -> None:
+    def __init__(self, store: Path, base: Path, replicas: int, *options: str, nodes: int = NODES,
+                 descriptors: int | None = None) -> None:
+        """``descriptors``: the job's limit on open files (each process of it may open that many)."""
         self.mounts = [base / f"mnt{rank}" for rank in range(nodes)]
         for mnt in self.mounts:
             mnt.mkdir(exist_ok=True)
@@ -92,7 +95,9 @@ class Job:
         self.logfile = open(self.log, "w")
         self.proc = mpiexec("mount", store, base / "mnt{rank}", "--local-dir", base / "local{rank}",
                             "--replicas", replicas, "--peer-timeout", "1", "--foreground", *options, nodes=nodes,
-                            stdout=self.logfile, stderr=subprocess.STDOUT)
+                            stdout=self.logfile, stderr=subprocess.STDOUT,
+                            preexec_fn=descriptors and (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                                   (descriptors, descriptors))))
 
     def __enter__(self) -> "Job":
         try:
@@ -406,3 +411,62 @@ def test_auto_fidelity_is_resolved_once_for_the_job(tmp_path):
     assert chosen == {auto_fidelity(local, 0.9, jobs=1)[0]}  # every node got rank 0's measurement
     local.close()
     assert job.log.read_text().count("fidelity auto:0.9 ->") == 1
+
+
+ATTACKER = """
+import os, socket, sys, time
+store_id = bytes.fromhex(sys.argv[1])
+heard = 0
+for address in sys.argv[2:]:
+    host, port = address.rsplit(":", 1)
+    target = (host, int(port))
+    for rank in range(4):  # the old protocol's hello and BYE, then the new hello with a guessed proof and a BYE
+        for attempt in (b"FANFSPR1" + os.urandom(32) + store_id + rank.to_bytes(4, "little") + bytes([2]) + bytes(8),
+                        b"FANFSPR2" + store_id + rank.to_bytes(4, "little") + bytes(4) + os.urandom(32 + 32 + 25)):
+            try:
+                with socket.create_connection(target, timeout=2) as sock:
+                    sock.sendall(attempt)
+                    sock.settimeout(2)
+                    while data := sock.recv(4096):
+                        heard += len(data)
+            except OSError:
+                pass
+flood = []
+for address in sys.argv[2:]:
+    host, port = address.rsplit(":", 1)
+    failures = 0
+    while len(flood) < 1500 * (sys.argv.index(address) - 1) and failures < 20:
+        try:
+            flood.append(socket.create_connection((host, int(port)), timeout=0.5))
+            failures = 0
+        except OSError:
+            failures += 1
+print(heard, len(flood), flush=True)
+sys.stdin.read()  # hold the flood until told to stop
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user (setpriv)")
+def test_another_local_user_can_neither_read_a_blob_end_a_job_nor_stop_a_node(dataset, tmp_path):
+    """Issue 17: as ``nobody``, against every node of a running job whose processes may open 256 files (as in
+    the audit): the old protocol's BYE, hellos with guessed proofs for every rank, then thousands of held
+    connections.  Nothing of a blob comes back (only handshake challenges), no mount ends, and every node
+    keeps serving its peers and readers throughout."""
+    src, store, files = dataset
+    stage(store, tmp_path, replicas=1)
+    with Job(store, tmp_path, 1, descriptors=256) as job:
+        addresses = [":".join(map(str, job.stats(rank)["cluster"]["peer_address"])) for rank in range(NODES)]
+        store_id = json.loads(fanfs("info", store, "--json").stdout)["store_id"]
+        attacker = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                                     sys.executable, "-c", ATTACKER, store_id, *addresses],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            heard, held = map(int, attacker.stdout.readline().split())
+            assert heard <= 4 * NODES * 64  # at most one 64-byte challenge per guessed hello: no blob byte
+            assert held > NODES * 200  # far more than a node keeps: it closes the oldest as new ones come
+            assert_exact(src, job.mounts[1], files)  # remote reads between the nodes, during the flood
+        finally:
+            attacker.communicate("", timeout=60)
+        assert_exact(src, job.mounts[2], files)
+        assert job.proc.poll() is None and all(os.path.ismount(m) for m in job.mounts)
+        assert sum(job.stats(rank)["cluster"]["refused"] for rank in range(NODES)) >= 4 * NODES

@@ -1,99 +1,403 @@
-"""Issue 11: a node's peer server serves only whole blobs of its own store that placement gave it.
+"""Issues 11 and 17: a node's peer server serves only whole blobs of its own store that placement gave it,
+and only to members of its job, with bounded resources whatever anyone else on the node or network does.
 
-In-process: the server and its clients are plain sockets, no MPI, so this runs without a launcher.
+In-process or in a subprocess: the server and its clients are plain sockets, no MPI, so this runs without
+a launcher (tests/test_cluster.py runs the same protocol between real mpiexec ranks).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
+import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
+import xxhash
 from conftest import fanfs
 
-from fanfs.cluster.peer import BYE, HELLO, MAGIC, REQUEST, PeerClient, PeerServer, listen
+from fanfs.cluster import peerserver
+from fanfs.cluster.peer import PeerClient, listen
+from fanfs.cluster.peerserver import PeerServer
+from fanfs.cluster.peerwire import (BYE, CLIENT_PROOF, HELLO, MAGIC, OK, READ, REPLY, REQUEST, SERVER_PROOF,
+                                    NodeKey, ServerHandshake, connect)
 from fanfs.cluster.placement import place
 from fanfs.store import Store
 from fanfs.store.format import SHARD_DIR
 from fanfs.store.sources import HeldShards
 
-SECRET = b"s" * 32
+KEYS = [NodeKey(), NodeKey()]  # rank 0: the client; rank 1: the server
+PUBLICS = [k.public for k in KEYS]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def packed(tmp_path_factory):
     base = tmp_path_factory.mktemp("peer")
     (base / "src").mkdir()
     for i in range(40):
         (base / "src" / f"f{i}.bin").write_bytes(os.urandom(2000 + 100 * i))
     fanfs("pack", base / "src", base / "store", "--quiet")
-    store = Store(str(base / "store"))
+    return base / "store"
+
+
+@pytest.fixture(scope="module")
+def served(packed):
+    store = Store(str(packed))
     placement = place(store.index.blob_stored, 2, 1)
     byes = []
-    held = HeldShards(str(base / "store" / SHARD_DIR), store.id, placement.held(1))
-    server = PeerServer(listen("127.0.0.1"), store.index, held, SECRET, store.id, on_bye=byes.append)
+    held = HeldShards(str(packed / SHARD_DIR), store.id, placement.held(1))
+    server = PeerServer(listen("127.0.0.1"), store.index, held, KEYS[1], PUBLICS, 1, store.id, on_bye=byes.append)
     server.start()
     yield store, placement, server, byes
     server.close()
     store.close()
 
 
-def client(server, secret=SECRET, store_id=None, store=None, timeout=5.0) -> PeerClient:
-    return PeerClient([("127.0.0.1", 1), server.address], 0, secret, store_id or store.id, timeout)
+def client(server, store, key=KEYS[0], timeout=5.0) -> PeerClient:
+    return PeerClient([("127.0.0.1", 1), server.address], PUBLICS, 0, key, store.id, store.index.blob_stored, timeout)
+
+
+def mine(store, placement, node=1) -> list[int]:
+    return [b for b in range(store.index.blob_offset.size) if placement.holds(node, b)]
 
 
 def test_held_blobs_are_served_exactly(served):
     store, placement, server, _ = served
-    mine = [b for b in range(store.index.blob_offset.size) if placement.holds(1, b)]
-    c = client(server, store=store)
-    for blob in mine:
+    c = client(server, store)
+    for blob in mine(store, placement):
         data = c.read(1, blob)
         assert len(data) == int(store.index.blob_stored[blob])
-        assert int(store.index.blob_checksum[blob]) == __import__("xxhash").xxh3_64_intdigest(data)
-    assert server.stats()["served_requests"] >= len(mine)
+        assert int(store.index.blob_checksum[blob]) == xxhash.xxh3_64_intdigest(data)
+    assert server.stats()["served_requests"] >= len(mine(store, placement))
+    assert c.stats()["remote_requests"] == len(mine(store, placement)) and np.isfinite(c.stats()["remote_latency_mean_ms"])
 
 
 def test_what_must_not_be_served_is_refused(served):
     store, placement, server, _ = served
-    c = client(server, store=store)
+    c = client(server, store)
     theirs = next(b for b in range(store.index.blob_offset.size) if not placement.holds(1, b))
     for blob, why in ((theirs, "not held by this node"), (10**9, "no blob")):
         with pytest.raises(OSError, match=why):
             c.read(1, blob)
-    refused_before = server.stats()["refused"]
-    for bad in (client(server, secret=b"x" * 32, store=store), client(server, store_id=bytes(16), store=store)):
-        with pytest.raises(OSError) as info:
-            bad.read(1, 0)
-        assert info.value.errno == errno.EIO
-    with socket.create_connection(server.address) as sock:  # not even a hello: dropped
-        sock.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(60))
-        try:
-            assert sock.recv(10) == b""
-        except ConnectionResetError:
-            pass  # dropped with our bytes unread: a reset, not an answer
-    assert server.stats()["refused"] >= refused_before + 3
 
 
-def test_bye_reaches_the_server(served):
+def raw_hello(store, rank=0, server=1, magic=MAGIC) -> bytes:
+    return HELLO.pack(magic, store.id, rank, server, os.urandom(32))
+
+
+def closed(sock: socket.socket, timeout: float = 10.0) -> bool:
+    """Whether the other end closes the connection (without sending anything more) within ``timeout``."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_outsiders_are_refused_and_learn_nothing(served):
     store, placement, server, byes = served
+    refused = server.stats()["refused"]
+    blob = mine(store, placement)[0]
+    with pytest.raises(OSError) as info:  # a key not of the job, claiming to be rank 0
+        client(server, store, key=NodeKey()).read(1, blob)
+    assert info.value.errno == errno.EIO and "is not rank 1 of this job" in str(info.value)
+    for hello in (raw_hello(store, magic=b"FANFSPR1"), raw_hello(store, rank=7), raw_hello(store, server=0),
+                  b"GET / HTTP/1.0\r\n\r\n" + bytes(64)):
+        with socket.create_connection(server.address) as sock:
+            sock.sendall(hello[:HELLO.size])
+            assert closed(sock), hello  # not a single byte back
+    with socket.create_connection(server.address) as sock:  # a member's hello, then a made-up proof
+        sock.sendall(raw_hello(store))
+        sock.recv(SERVER_PROOF.size, socket.MSG_WAITALL)
+        sock.sendall(os.urandom(CLIENT_PROOF.size) + bytes(REQUEST.size + 16))
+        assert closed(sock)
+    with socket.create_connection(server.address) as sock:  # the old protocol's BYE: nothing happens
+        sock.sendall(b"FANFSPR1" + bytes(32) + store.id + bytes(4) + bytes([BYE]) + bytes(8))
+        assert closed(sock)
+    assert byes == []
+    assert server.stats()["refused"] >= refused + 6  # the outsider client gave up itself: no proof sent
+
+
+def test_a_squatter_on_a_peers_port_gets_no_secret(served):
+    """A process that took over a dead daemon's port sees only a hello: no secret, no proof, no request."""
+    store, placement, server, _ = served
+    squatter = listen("127.0.0.1")
+    heard = bytearray()
+
+    def answer():
+        conn, _ = squatter.accept()
+        with conn:
+            conn.settimeout(5)
+            heard.extend(conn.recv(4096))
+            conn.sendall(os.urandom(SERVER_PROOF.size))  # a guess at the proof
+            try:
+                while data := conn.recv(4096):
+                    heard.extend(data)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    c = PeerClient([("127.0.0.1", 1), squatter.getsockname()[:2]], PUBLICS, 0, KEYS[0], store.id,
+                   store.index.blob_stored, 5.0)
+    with pytest.raises(OSError, match="is not rank 1"):
+        c.read(1, mine(store, placement)[0])
+    thread.join(10)
+    squatter.close()
+    assert len(heard) == HELLO.size  # the hello alone: magic, store id, ranks, a fresh nonce
+    assert KEYS[0].pair_secret(PUBLICS[1]) not in heard
+
+
+class Recorder:
+    """A TCP relay between a client and the server that records what the client sent."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.listener = listen("127.0.0.1")
+        self.address = self.listener.getsockname()[:2]
+        self.sent = bytearray()
+        self.target = target
+        self.thread = threading.Thread(target=self._relay, daemon=True)
+        self.thread.start()
+
+    def _relay(self) -> None:
+        conn, _ = self.listener.accept()
+        upstream = socket.create_connection(self.target)
+
+        def back():
+            while data := upstream.recv(1 << 16):
+                conn.sendall(data)
+        threading.Thread(target=back, daemon=True).start()
+        while data := conn.recv(1 << 16):
+            self.sent.extend(data)
+            upstream.sendall(data)
+        upstream.close()
+
+
+def test_a_recorded_session_replays_nowhere(served):
+    store, placement, server, _ = served
+    blob = mine(store, placement)[0]
+    recorder = Recorder(server.address)
+    c = PeerClient([("127.0.0.1", 1), recorder.address], PUBLICS, 0, KEYS[0], store.id, store.index.blob_stored, 5.0)
+    assert len(c.read(1, blob)) == int(store.index.blob_stored[blob])
+    c.close()  # the recorded session ends
+    recorder.thread.join(10)
+    recording = bytes(recorder.sent)
+    assert len(recording) == HELLO.size + CLIENT_PROOF.size + REQUEST.size + 16
+    served_before = server.stats()["served_requests"]
     with socket.create_connection(server.address) as sock:
-        sock.sendall(HELLO.pack(MAGIC, SECRET, store.id, 7))
-        assert sock.recv(1) == b"\0"
-        sock.sendall(REQUEST.pack(BYE, 0))
-        sock.recv(1)
-    assert byes == [7]
+        sock.sendall(recording[:HELLO.size])
+        fresh = sock.recv(SERVER_PROOF.size, socket.MSG_WAITALL)  # the server's nonce is new: the proof differs
+        sock.sendall(recording[HELLO.size:])
+        assert closed(sock)
+    assert len(fresh) == SERVER_PROOF.size
+    assert server.stats()["served_requests"] == served_before
 
 
-def test_a_peer_that_is_not_serving_fails_at_once(served):
-    store, _, server, _ = served
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    listener.close()  # nothing listens there now
-    c = PeerClient([("127.0.0.1", port), server.address], 1, SECRET, store.id, timeout=5.0)
-    with pytest.raises(OSError, match="not serving"):
-        c.read(0, 0)
-    assert c.stats()["remote_failures"] == 1
-    assert np.isfinite(c.stats()["remote_latency_mean_ms"])
+def fake_member_server(store, reply: bytes) -> tuple[socket.socket, threading.Thread]:
+    """A server holding rank 1's real key that answers every request with ``reply`` (status, length) and nothing
+    more: a member gone wrong, or an attacker who stole a key."""
+    listener = listen("127.0.0.1")
+
+    def run():
+        conn, _ = listener.accept()
+        with conn:
+            shake = ServerHandshake(KEYS[1], PUBLICS, store.id, 1)
+            conn.sendall(shake.hello(conn.recv(HELLO.size, socket.MSG_WAITALL)))
+            channel = shake.proof(conn.recv(CLIENT_PROOF.size, socket.MSG_WAITALL))
+            channel.open(conn.recv(REQUEST.size + 16, socket.MSG_WAITALL))
+            conn.sendall(channel.seal(reply))
+            time.sleep(3)  # keep the connection open: a client waiting for the payload would time out
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+@pytest.mark.parametrize("status,length", [(OK, 1 << 30), (OK, 1), (2, 1 << 20)])
+def test_a_reply_longer_than_the_blob_is_refused_before_it_is_read(served, status, length):
+    store, placement, _, _ = served
+    listener, thread = fake_member_server(store, REPLY.pack(status, length))
+    c = PeerClient([("127.0.0.1", 1), listener.getsockname()[:2]], PUBLICS, 0, KEYS[0], store.id,
+                   store.index.blob_stored, timeout=2.0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(OSError) as info:
+        c.read(1, mine(store, placement)[0])
+    assert info.value.errno == errno.EIO and "announced" in str(info.value)  # not a timeout: refused at once
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100_000  # KiB: nothing of 1 GiB allocated
+    thread.join(10)
+    listener.close()
+
+
+def test_bye_only_from_a_member(served):
+    store, _, server, byes = served
+    sock, channel = connect(server.address, KEYS[0], PUBLICS[1], store.id, 0, 1, time.monotonic() + 5)
+    with sock:
+        sock.sendall(channel.seal(REQUEST.pack(BYE, 0)))
+        assert closed(sock)
+    assert byes == [0]
+    byes.clear()
+
+
+def test_slow_and_idle_connections_cost_no_threads_and_end(served, monkeypatch):
+    """300 connections trickling a byte at a time: no thread each, the oldest dropped past the cap, all
+    closed at the handshake deadline; a member is served all the while."""
+    store, placement, server, _ = served
+    threads = threading.active_count()
+    slow = [socket.create_connection(server.address) for _ in range(300)]
+    try:
+        for sock in slow:
+            sock.sendall(b"F")
+        time.sleep(0.5)
+        assert threading.active_count() == threads
+        c = client(server, store)
+        for blob in mine(store, placement)[:5]:
+            assert len(c.read(1, blob)) == int(store.index.blob_stored[blob])
+        dropped = sum(closed(sock, timeout=0.01) for sock in slow[:200])
+        assert dropped >= 200 - peerserver.MAX_PENDING  # past the cap, the oldest went at once
+        deadline = time.monotonic() + peerserver.HANDSHAKE_SECONDS + 5
+        for sock in slow[-peerserver.MAX_PENDING // 2:]:
+            sock.sendall(b"A")  # still trickling
+            assert closed(sock, timeout=max(0.1, deadline - time.monotonic()))
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+SERVER_SCRIPT = """
+import os, resource, sys
+from fanfs.cluster.peer import listen
+from fanfs.cluster.peerserver import PeerServer
+from fanfs.cluster.peerwire import NodeKey
+from fanfs.cluster.placement import place
+from fanfs.store import Store
+from fanfs.store.sources import HeldShards
+store_path, limit, client_public = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+store = Store(store_path)
+key = NodeKey()
+placement = place(store.index.blob_stored, 2, 1)
+held = HeldShards(os.path.join(store_path, "shards"), store.id, placement.held(1))
+server = PeerServer(listen("127.0.0.1"), store.index, held, key, [client_public, key.public], 1, store.id,
+                    on_bye=print)
+server.start()
+print(server.address[1], key.public.hex(), flush=True)
+hoard = []
+for line in sys.stdin:
+    if line.strip() == "read":  # this node's own reads of its shards, through fresh descriptors
+        try:
+            for name in sorted(os.listdir(os.path.join(store_path, "shards"))):
+                with open(os.path.join(store_path, "shards", name), "rb") as f:
+                    f.read(64)
+            print("local reads ok", flush=True)
+        except OSError as err:
+            print("local read failed:", err.strerror, flush=True)
+    elif line.strip() == "exhaust":  # the node's other files take every descriptor left
+        try:
+            while True:
+                hoard.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            print("exhausted", len(hoard), flush=True)
+    elif line.strip() == "release":
+        for fd in hoard:
+            os.close(fd)
+        hoard.clear()
+        print("released", flush=True)
+server.close()
+"""
+
+
+class ServerProcess:
+    """A peer server (rank 1) in a process of its own, with ``limit`` descriptors, driven through its stdin."""
+
+    def __init__(self, packed, limit: int, log) -> None:
+        self.store = Store(str(packed))
+        self.blobs = mine(self.store, place(self.store.index.blob_stored, 2, 1))
+        self.log = log
+        with open(log, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT, str(packed), str(limit), PUBLICS[0].hex()],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        port, public = self.proc.stdout.readline().split()
+        self.address = ("127.0.0.1", int(port))
+        self.client = PeerClient([("127.0.0.1", 1), self.address], [PUBLICS[0], bytes.fromhex(public)], 0, KEYS[0],
+                                 self.store.id, self.store.index.blob_stored, timeout=peerserver.HANDSHAKE_SECONDS + 5)
+
+    def ask(self, command: str) -> str:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def serves(self) -> bool:
+        return all(len(self.client.read(1, b)) == int(self.store.index.blob_stored[b]) for b in self.blobs)
+
+    def descriptors(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def threads(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+
+    def close(self) -> None:
+        self.client.close()
+        self.proc.stdin.close()
+        self.proc.wait(30)
+        self.store.close()
+
+
+def flood(address, count: int = 2000) -> list[socket.socket]:
+    """Connections held open and silent, as many as the server's listen backlog lets in."""
+    socks = []
+    for _ in range(count):
+        try:
+            socks.append(socket.create_connection(address, timeout=1))
+        except OSError:
+            break  # the backlog is full: the rest would wait in SYN
+    return socks
+
+
+def test_a_flood_of_connections_cannot_stop_a_node_serving(packed, tmp_path):
+    """A local user holds thousands of silent connections to a node that may open 256 descriptors (as in the
+    audit): the node keeps serving its members, its own reads find descriptors, its threads stay few."""
+    server = ServerProcess(packed, 256, tmp_path / "server.log")
+    held: list[socket.socket] = []
+    try:
+        threads = server.threads()
+        held = flood(server.address)
+        time.sleep(1)
+        assert len(held) > 256
+        assert server.ask("read") == "local reads ok", server.log.read_text()
+        assert server.descriptors() < 256 // 4
+        assert server.threads() == threads
+        assert server.serves()  # during the flood
+        for sock in held:
+            sock.close()
+        held = []
+        assert server.serves()
+        assert server.log.read_text().count("unfinished handshakes") == 1  # said once, not once a connection
+    finally:
+        for sock in held:
+            sock.close()
+        server.close()
+
+
+def test_accept_survives_running_out_of_descriptors(packed, tmp_path):
+    """EMFILE on accept (the node's own files took every descriptor) is logged once and waited out: the
+    server serves again as soon as descriptors are free (it used to stop accepting for good)."""
+    server = ServerProcess(packed, 64, tmp_path / "server.log")
+    try:
+        assert server.serves()
+        assert server.ask("exhaust").startswith("exhausted")
+        knocking = [socket.create_connection(server.address, timeout=1) for _ in range(5)]
+        time.sleep(1.5)  # accept fails, backs off, fails again...
+        assert server.ask("release") == "released"
+        server.client.close()
+        assert server.serves()
+        for sock in knocking:
+            sock.close()
+        text = server.log.read_text()
+        assert text.count("cannot accept connections (Too many open files)") == 1, text
+    finally:
+        server.close()

@@ -5,7 +5,7 @@ MPI is never used.  Under mpiexec/srun (one rank per node) the rank first forks 
 (:mod:`.handoff`, :mod:`.serving`), then runs the job's collective start over MPI: every rank checks
 its mount point and store and all agree (a failure anywhere is the same one-line error everywhere),
 rank 0 reads the index and broadcasts it, ``auto:SSIM`` is measured once, the blobs are staged if
-asked, every daemon's peer address is gathered and rank 0 adds a secret for the job.  The daemons then
+asked, every daemon's peer address and public key are gathered (:mod:`.peerwire`).  The daemons then
 serve each other over TCP, independent processes: one node's death (kill -9, OOM) or stop takes
 nothing else down, and the launcher, told not to clean up (``mpiexec -disable-auto-cleanup``;
 ``srun``'s default), lets the survivors serve on.  MPI is never finalised (with a dead peer that could
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import secrets
 from collections.abc import Callable
 
 import numpy as np
@@ -161,9 +160,10 @@ def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
         if missing:
             log.warning("%s: %d shard copies of this node are missing or incomplete (first: %s); their reads go "
                         "to replicas", options.local_dir, len(missing), shard_name(missing[0]))
-        secret = world.bcast(secrets.token_bytes(32) if world.rank == 0 else None)
-        endpoints = world.allgather(tuple(value))  # the job's last MPI call: from here on peers are sockets
-        child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, secret, options, staged))
+        address, public = value
+        gathered = world.allgather((tuple(address), public))  # the job's last MPI call: from here on, sockets
+        endpoints, publics = [a for a, _ in gathered], [p for _, p in gathered]
+        child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, publics, options, staged))
     except BaseException:
         try:
             child.send(None)  # the daemon leaves without serving

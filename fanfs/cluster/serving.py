@@ -24,8 +24,11 @@ from ..serve.daemon import MountOptions, start
 from ..store import Store
 from ..store.format import INDEX_NAME
 from ..store.index import Index
+from ..util.server import configure_server
 from . import handoff
-from .peer import PeerClient, PeerServer, listen, peer_host, remote_sources
+from .peer import PeerClient, listen, peer_host, remote_sources
+from .peerserver import PeerServer
+from .peerwire import NodeKey
 from .placement import place
 from .stage import staged_share, staged_stats
 
@@ -41,7 +44,7 @@ class Plan:
     rank: int
     nodes: int
     endpoints: list[tuple[str, int]]
-    secret: bytes
+    publics: list[bytes]  # every daemon's public key, by rank (peerwire)
     options: MountOptions
     staged: Presentation  # what every node staged: other layers come from the shared store
 
@@ -89,20 +92,22 @@ def daemon_main(sock: socket.socket, mountpoint: str, lock: MountLock) -> int:
     # short.  USR1/USR2 are a job's notices for its tasks: the rank passes on what is meant for us.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
+    configure_server()  # descriptors for peers and shards alike; megabyte buffers without page faults
     try:
         listener = listen(peer_host())
     except (OSError, FanfsError) as err:
         handoff.send(sock, ("error", f"cannot serve peers: {getattr(err, 'strerror', None) or err}"))
         return 1
-    handoff.send(sock, ("address", listener.getsockname()[:2]))
+    key = NodeKey()  # this job's private key: never leaves this process
+    handoff.send(sock, ("address", (listener.getsockname()[:2], key.public)))
     plan: Plan | None = handoff.recv(sock)
     if plan is None:  # the job failed before serving (the rank says why)
         return 1
-    serve_job(plan, mountpoint, listener, lock)
+    serve_job(plan, mountpoint, listener, key, lock)
     return 0
 
 
-def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, lock: MountLock) -> None:
+def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey, lock: MountLock) -> None:
     """Serve this node's mount, and its blobs to peers, until the job ends."""
     options = plan.options
     assert options.local_dir is not None
@@ -112,9 +117,9 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, lock: MountL
     rank = plan.rank
     stopper = Stopper(mountpoint)
     share = staged_share(plan.store_root, options.local_dir, index, plan.staged, placement.held(rank))
-    server = PeerServer(listener, index, share.local, plan.secret, store_id,
+    server = PeerServer(listener, index, share.local, key, plan.publics, rank, store_id,
                         on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
-    client = PeerClient(plan.endpoints, rank, plan.secret, store_id, options.peer_timeout)
+    client = PeerClient(plan.endpoints, plan.publics, rank, key, store_id, index.blob_stored, options.peer_timeout)
     remotes = remote_sources(client, placement, share.staged)
     first, count = index.first, index.count
 
@@ -129,6 +134,7 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, lock: MountL
         by_source = store.stats.by_source
         return {**staged_stats(share, by_source),
                 "cluster": {"rank": rank, "nodes": placement.nodes, "replicas": placement.replicas,
+                            "peer_address": list(server.address),
                             "local_blobs": int(placement.node_blobs[rank]),
                             "local_bytes": by_source.get(share.local.name, 0),
                             "remote_bytes": sum(by_source.get(r.name, 0) for r in remotes),

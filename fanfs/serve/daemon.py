@@ -24,6 +24,7 @@ from ..errors import FanfsError, StoreError
 from ..records import Presentation, check_presentation
 from ..store import Store
 from ..util.runtime import create_private
+from ..util.server import configure_server
 from ..util.workers import pid_alive
 from . import control
 
@@ -119,6 +120,8 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     ``on_ready`` runs once the mount serves; ``extra_stats`` adds to the "stats" answer (a cluster node's peers).
     """
     from .fusefs import FanfsFS, describe, serve
+
+    configure_server()
 
     def ready() -> None:
         log.info("serving %s at %s (pid %d, %s)", store.root, mountpoint, os.getpid(), describe(fs.presentation))
