@@ -6,7 +6,7 @@ import sys
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
-    os.write(2, b"fanfs: interrupted\n")
+    os.write(2, b"fanfs: interrupted; nothing was left half-done\n")  # the same line as main's: nothing began
     os._exit(130)
 
 
