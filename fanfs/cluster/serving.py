@@ -111,7 +111,7 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
     """Serve this node's mount, and its blobs to peers, until the job ends."""
     options = plan.options
     assert options.local_dir is not None
-    index = Index(f"{plan.store_root}/{INDEX_NAME}", data=plan.index)
+    index = Index(f"{plan.store_root}/{INDEX_NAME}", data=plan.index, validated=True)  # by this node's rank
     placement = place(index.blob_stored, plan.nodes, options.replicas)
     store_id = bytes.fromhex(index.meta["store_id"])
     rank = plan.rank

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import StoreError
 from ..store.format import INDEX_NAME
 from ..store.index import Index
+from ..store.trust import file_identity
 
 log = logging.getLogger("fanfs")
 
@@ -135,17 +136,24 @@ class World:
 
 
 def load_index(store_root: str, world: World) -> Index:
-    """The store's index, read from the shared file system once per job (rank 0) and broadcast."""
+    """The store's index, read from the shared file system and validated once per job (rank 0) and broadcast:
+    the other ranks check its checksum and trust rank 0's validation (the job's start-up is its root of trust)."""
     path = os.path.join(store_root, INDEX_NAME)
-    data, error = None, None
+    data, error, index = None, None, None
     if world.rank == 0:
         try:
             with open(path, "rb") as f:
+                before = file_identity(f.fileno())
                 data = bytearray(os.fstat(f.fileno()).st_size)
                 f.readinto(data)  # straight into the buffer that is broadcast
+                unchanged = file_identity(f.fileno()) == before
+            index = Index(path, data=data, file_id=before if unchanged else None)
         except OSError as err:
             error = f"{store_root}: cannot read the index: {err.strerror or err}"
+        except StoreError as err:
+            error = str(err)
     world.agree(error)
-    index = Index(path, data=world.bcast_bytes(data))
+    data = world.bcast_bytes(data)
+    index = index or Index(path, data=data, validated=True)
     log.debug("index of %s: %d entries", store_root, index.entries)
     return index
