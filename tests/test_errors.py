@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 import random
 import re
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from conftest import fanfs
+from conftest import fanfs, force_unmount
 from test_mount import damaged_copy
 
 
@@ -117,3 +120,55 @@ def test_a_closed_pipe_ends_the_command_quietly(store):
     proc.stdout.close()  # as `| head -0` would
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 141 and err == b"", err
+
+
+def _fake_libfuse(directory: Path, source: str | None) -> dict[str, str]:
+    """An environment whose ``libfuse3.so.3`` is ``directory``'s: libz (no libfuse at all), or compiled C."""
+    directory.mkdir()
+    if source is None:
+        os.symlink("/lib/x86_64-linux-gnu/libz.so.1", directory / "libfuse3.so.3")
+    else:
+        (directory / "fake.c").write_text(source)
+        subprocess.run([shutil.which("cc"), "-shared", "-fPIC", "-o", directory / "libfuse3.so.3", directory / "fake.c"],
+                       check=True)
+    return {**os.environ, "LD_LIBRARY_PATH": str(directory)}
+
+
+@pytest.mark.parametrize("source, said", [
+    (None, "is not libfuse 3 (it has no fuse_version)"),
+    ("int fuse_version(void) { return 317; }", "is libfuse 3.17"),
+    ("int fuse_version(void) { return 314; }", "lacks fuse_session_new"),
+])
+def test_an_unknown_libfuse_is_one_line_naming_what_is_supported(store, tmp_path, source, said):
+    if source is None and not os.path.exists("/lib/x86_64-linux-gnu/libz.so.1") or source and not shutil.which("cc"):
+        pytest.skip("needs libz (and a C compiler) to make a library that is not libfuse 3")
+    env = _fake_libfuse(tmp_path / "lib", source)
+    (tmp_path / "mnt").mkdir()
+    for foreground in ((), ("--foreground",)):
+        done = fanfs("mount", store / "store", tmp_path / "mnt", *foreground, check=False, env=env, timeout=60)
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert said in done.stderr and "fanfs needs libfuse 3.0-3.16 (libfuse3.so.3)" in done.stderr, done.stderr
+        assert not os.path.ismount(tmp_path / "mnt")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_failed_mount_says_libfuse_s_reason_in_one_line(store):
+    """As nobody, with allow_other (which /etc/fuse.conf does not allow users) or without access to
+    /dev/fuse: the reason libfuse or fusermount3 gives is the error, not a traceback's last lines."""
+    base = Path(tempfile.mkdtemp(prefix="fanfs-test-nobody-", dir="/tmp"))
+    try:
+        shutil.copytree(store / "store", base / "store")
+        (base / "mnt").mkdir()
+        os.chmod(base, 0o755)
+        for path in (base / "mnt", base):
+            os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+        done = subprocess.run([sys.executable, Path(__file__).parent / "as_nobody.py", "mount", base / "store",
+                               base / "mnt", "-o", "allow_other"], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "FANFS_RUNTIME_DIR": str(base / "run")})
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert re.search(r"cannot mount at \S+: (fuse: |fusermount3: ).*(/dev/fuse|allow_other)", done.stderr), done.stderr
+        assert "Traceback" not in done.stderr and "File " not in done.stderr and "[Errno" not in done.stderr
+        assert not os.path.ismount(base / "mnt")
+    finally:
+        force_unmount(base / "mnt")
+        shutil.rmtree(base)

@@ -97,6 +97,9 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
             if not warnings.count:
                 os.unlink(logfile)  # a clean run leaves no log behind
             code = 0
+        except FanfsError as err:  # a reason the user can act on: one line, here and in the log
+            _report(write_end, f"error: {err}")
+            log.error("%s", err)
         except BaseException as err:  # report to the waiting parent, then leave without cleanup handlers
             _report(write_end, f"error: {err}")
             log.exception("daemon failed")
@@ -106,7 +109,7 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
     store.close()
     message = _await(read_end, timeout=120)
     if message != "ready":
-        tail = _log_tail(logfile)
+        tail = "" if message.startswith("error: ") else _log_tail(logfile)  # a daemon that died without a word
         raise StoreError(f"mount of {store.root} at {mountpoint} failed: {message.removeprefix('error: ')}"
                          + (f" ({tail})" if tail else ""))
     return pid
