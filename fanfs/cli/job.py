@@ -50,7 +50,6 @@ def cmd_job_run(args: argparse.Namespace) -> int:
 
 def cmd_job_serve(args: argparse.Namespace) -> int:
     from ..cluster.job import serve_node
-    from ..cluster.world import AgreedError, launched_ranks
     from ..records import FULL, Presentation
     from ..serve.daemon import MountOptions
     from ..tune.fidelity import parse_fidelity
@@ -58,12 +57,7 @@ def cmd_job_serve(args: argparse.Namespace) -> int:
     auto = isinstance(value, float)  # auto:SSIM, measured once for the job
     options = MountOptions(cache_size=args.cache_size, replicas=args.replicas, auto_ssim=value if auto else None,
                            presentation=Presentation(fidelity=FULL if auto else value, precision=args.precision))
-    try:
-        serve_node(os.path.abspath(args.store), options)
-    except AgreedError:
-        if launched_ranks()[0] == 0:
-            raise
-        return 1  # every node failed alike: the first node's line says why, once
+    serve_node(os.path.abspath(args.store), options)
     return 0
 
 

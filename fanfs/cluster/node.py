@@ -25,15 +25,16 @@ import numpy as np
 from ..errors import FanfsError, StoreError
 from ..records import FULL, Presentation, blobs_read, check_presentation
 from ..serve.control import MountLock
-from ..serve.daemon import MountOptions, check_mountpoint, setup_logging, start
+from ..serve.daemon import MountOptions, check_mountpoint, opened_paths, setup_logging, start
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
 from ..tune.fidelity import auto_fidelity
+from ..util.runtime import private_dir
 from .handoff import Handoff
 from .placement import Placement, place
 from .serving import Plan, daemon_main
-from .stage import held_parts, stage, staged_presentation, staged_share, staged_stats
+from .stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
 from .world import World, launched_ranks, load_index
 
 log = logging.getLogger("fanfs")
@@ -50,6 +51,13 @@ def missing_shards(directory: str, placement: Placement, rank: int, index: Index
             pass
         missing.append(part.shard)
     return missing
+
+
+def check_node_paths(store_root: str, mountpoint: str, local_dir: str) -> None:
+    """A node's mount point, and its local directory if it exists (staging makes it), are safe to use."""
+    check_mountpoint(mountpoint, opened_paths(store_root, local_dir))
+    if os.path.lexists(local_dir):
+        private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
 
 
 def job_fidelity(world: World, store_root: str, index: Index, min_ssim: float) -> int:
@@ -91,7 +99,7 @@ def mount_node(store_root: str, mountpoint: str, options: MountOptions,
 
 def _mount_alone(store_root: str, mountpoint: str, options: MountOptions, lock: MountLock) -> int:
     assert options.local_dir is not None
-    check_mountpoint(mountpoint)
+    check_node_paths(store_root, mountpoint, options.local_dir)
     world = World.detect()
     index = load_index(store_root, world)
     if options.auto_ssim is not None:
@@ -128,9 +136,9 @@ def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
         if prepare is not None:
             prepare()
         locks.append(MountLock(mountpoint))
-        check_mountpoint(mountpoint)
         if not os.path.isdir(store_root):
             raise StoreError(f"{store_root}: no such store directory")
+        check_node_paths(store_root, mountpoint, options.local_dir)
 
     try:
         error = _problem(check_node)

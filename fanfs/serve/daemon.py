@@ -16,14 +16,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FanfsError, StoreError
 from ..records import Presentation, check_presentation
 from ..store import Store
-from ..util.runtime import create_private
+from ..util.runtime import create_private, runtime_dir
 from ..util.workers import pid_alive
 from . import control
 
@@ -50,11 +50,44 @@ class MountOptions:
 READY_LINE = "fanfs: ready: {node} serves {mountpoint}"  # what 'fanfs job run' waits for, one per node
 
 
-def check_mountpoint(mountpoint: str) -> None:
+def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
+    """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon
+    will open (``opened``: what it is -> path): through its own mount, the daemon would wait on itself."""
     if not os.path.isdir(mountpoint):
         raise StoreError(f"mount point {mountpoint} is not a directory: create it first")
     if os.path.ismount(mountpoint):
         raise StoreError(f"{mountpoint} is already a mount point: 'fanfs umount {mountpoint}' first")
+    st = os.stat(mountpoint)
+    for what, path in opened.items():
+        if _at_or_under(path, (st.st_dev, st.st_ino)):
+            raise StoreError(f"{what} {path} is the mount point {mountpoint} or lies under it: the daemon would "
+                             "read it through its own mount and hang; mount somewhere else")
+
+
+def _at_or_under(path: str, directory: tuple[int, int]) -> bool:
+    """Whether ``path`` (or, if it does not exist yet, where it would be made) is ``directory`` (st_dev,
+    st_ino) or lies under it: compared as inodes along the real path, so symlinks, ``..`` and bind
+    mounts do not hide it."""
+    current = os.path.realpath(path)
+    while True:
+        try:
+            st = os.stat(current)
+            if (st.st_dev, st.st_ino) == directory:
+                return True
+        except OSError:
+            pass
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
+def opened_paths(store_root: str, local_dir: str | None = None) -> dict[str, str]:
+    """What a daemon serving ``store_root`` opens while it serves: none may lie under its mount point."""
+    paths = {"the store": store_root, "the runtime directory": runtime_dir()}
+    if local_dir is not None:
+        paths["the local directory"] = local_dir
+    return paths
 
 
 def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
@@ -64,7 +97,7 @@ def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
         setup_logging(options.debug)
     lock = control.MountLock(mountpoint)
     try:
-        check_mountpoint(mountpoint)
+        check_mountpoint(mountpoint, opened_paths(store_path))
         store = Store(os.path.abspath(store_path), cache_size=options.cache_size)
         check_presentation(store.index, options.presentation)
         return start(store, mountpoint, options, lock=lock)
