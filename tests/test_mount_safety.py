@@ -131,7 +131,7 @@ def test_a_mount_point_holding_what_its_daemon_opens_is_refused(stores, tmp_path
         if os.path.ismount(mnt):
             fanfs("umount", mnt, "--lazy", check=False, env=env)
         force_unmount(mnt)
-        if os.path.ismount(bound):
+        if layout == "store through a bind mount":  # (os.path.ismount cannot see a bind mount on the same device)
             subprocess.run(["umount", str(bound)], check=True)
 
 

@@ -8,8 +8,10 @@ rank 0 reads the index and broadcasts it, ``auto:SSIM`` is measured once, the bl
 asked, every daemon's peer address is gathered and rank 0 adds a secret for the job.  The daemons then
 serve each other over TCP, independent processes: one node's death (kill -9, OOM) or stop takes
 nothing else down, and the launcher, told not to clean up (``mpiexec -disable-auto-cleanup``;
-``srun``'s default), lets the survivors serve on.  MPI is never finalised (with a dead peer that could
-block; a rank exiting without it is clean).
+``srun``'s default), lets the survivors serve on.  MPI is finalised right after the job's last collective
+call (the peer addresses), or after an error every rank agreed on: there every rank is alive and calls
+it, so nothing of MPI (its shared-memory segments in /dev/shm) outlives the start.  After any other
+failure a rank may be dead and finalising could block: the rank then exits without it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from .handoff import Handoff
 from .placement import Placement, place
 from .serving import Plan, daemon_main
 from .stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
-from .world import World, launched_ranks, load_index
+from .world import AgreedError, World, launched_ranks, load_index
 
 log = logging.getLogger("fanfs")
 
@@ -145,8 +147,11 @@ def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
         if error is not None:  # this node will not serve: every rank learns why at the first agreement
             World.detect().agree(error)
         child = Handoff.spawn(lambda sock: daemon_main(sock, mountpoint, locks[0]),  # before MPI: see .handoff
-                              end_with_rank=options.job_node is not None)
+                              end_with_rank=options.job_node is not None, keep=[locks[0].fd])
         return _start_job(child, store_root, options)
+    except AgreedError:
+        World.detect().finalize()  # every rank raised it at the same agreement: all alive, all end MPI
+        raise
     finally:
         for lock in locks:
             lock.release()
@@ -171,6 +176,7 @@ def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
                         "to replicas", options.local_dir, len(missing), shard_name(missing[0]))
         secret = world.bcast(secrets.token_bytes(32) if world.rank == 0 else None)
         endpoints = world.allgather(tuple(value))  # the job's last MPI call: from here on peers are sockets
+        world.finalize()  # every rank is here and alive: MPI leaves nothing behind (/dev/shm segments)
         child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, secret, options, staged))
     except BaseException:
         try:
