@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -172,3 +173,39 @@ def test_a_failed_mount_says_libfuse_s_reason_in_one_line(store):
     finally:
         force_unmount(base / "mnt")
         shutil.rmtree(base)
+
+
+def test_a_blob_that_decodes_to_the_wrong_size_is_eio_and_logged_once(store, tmp_path, mount):
+    """A crafted store (valid checksums) whose blob is a zstd frame of fewer bytes than the index says."""
+    import numpy as np
+    import zstandard
+
+    from fanfs.serve.control import log_path
+    from fanfs.store.format import INDEX_NAME, SHARD_DIR, checksum, read_index, shard_name, write_index
+    bad = tmp_path / "bad"
+    shutil.copytree(store / "store", bad)
+    meta, columns, _ = read_index(str(bad / INDEX_NAME))
+    columns = {name: np.array(column) for name, column in columns.items()}
+    from fanfs.store import Store
+    opened = Store(str(bad))
+    entry = opened.lookup(b"d/f3.txt")
+    opened.close()
+    blob = int(columns["first"][entry])
+    offset, length = int(columns["blob_offset"][blob]), int(columns["blob_stored"][blob])
+    frame = zstandard.ZstdCompressor().compress(b"short")
+    padding = length - len(frame) - 8  # a zstd skippable frame fills the blob to its stored size
+    crafted = frame + (0x184D2A50).to_bytes(4, "little") + padding.to_bytes(4, "little") + bytes(padding)
+    shard = bad / SHARD_DIR / shard_name(int(columns["shard"][entry]))
+    data = bytearray(shard.read_bytes())
+    data[offset:offset + length] = crafted
+    shard.write_bytes(data)
+    columns["blob_checksum"][blob] = checksum(crafted)
+    columns["shard_checksum"][int(columns["shard"][entry])] = checksum(bytes(data))
+    write_index(str(bad / INDEX_NAME), meta, columns)
+    with mount(bad) as mnt:
+        for _ in range(3):
+            with pytest.raises(OSError) as info:
+                (mnt / "d" / "f3.txt").read_bytes()
+            assert info.value.errno == errno.EIO
+        log = Path(log_path(mnt)).read_text()
+    assert log.count(f"EIO d/f3.txt (shard") == 1 and "decoded 5 bytes, expected 35000" in log, log
