@@ -42,11 +42,45 @@ def test_full_disk_names_the_file_system_and_the_bytes_needed(tmp_path):
     try:
         done = fanfs("pack", src, small / "store", "--shard-size", "1M", check=False)
         assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert re.search(rf"no space left on {small} \(tmpfs\)", done.stderr), done.stderr
+        assert re.search(rf"no space left on {small} \(tmpfs\) for the store {small / 'store'}:", done.stderr), done.stderr
         assert re.search(r"needs about \d+(\.\d)? [KMG]iB more", done.stderr), done.stderr
         assert os.listdir(small) == []
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_stage_that_fills_the_disk_says_so_once(store, tmp_path, ranks):
+    """A tmpfs with inodes for two shard copies: the third shard's copy fails with ENOSPC (the free-space
+    check, in bytes, passes), and every later one would too."""
+    from test_cluster import MPIEXEC, finish, mpiexec
+    fanfs("pack", store / "src", tmp_path / "store", "--shard-size", "16K", "--quiet")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=20m,nr_inodes={2 + 3 * ranks}", "tmpfs", str(small)], check=True)
+    try:
+        if ranks == 1:
+            done = fanfs("stage", tmp_path / "store", small / "local", "--quiet", check=False)
+            code, err = done.returncode, done.stderr
+        else:
+            if not MPIEXEC.exists():
+                pytest.skip("needs the pip mpich's mpiexec")
+            proc = mpiexec("stage", tmp_path / "store", small / "local{rank}", "--quiet", nodes=ranks,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            code, err = finish(proc, 60), proc.stderr.read()
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert err.count("No space left on device") == ranks and "free space" in err, err
+        assert not [p for p in small.rglob("*.tmp")]
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_an_empty_tree_packs_without_a_meaningless_ratio(tmp_path):
+    (tmp_path / "empty").mkdir()
+    done = fanfs("pack", tmp_path / "empty", tmp_path / "store")
+    assert "packed 0 files" in done.stdout and "nan" not in done.stdout and "0 B/s" not in done.stdout, done.stdout
+    assert "nan" not in fanfs("info", tmp_path / "store").stdout
 
 
 STARTED = "import sys; from fanfs.cli import entry; print('started', file=sys.stderr, flush=True); entry()"

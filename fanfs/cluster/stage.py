@@ -282,8 +282,16 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     for part in parts:
         try:
             copied = stage_part(store_root, local_dir, part, index, advance)
-        except (OSError, FanfsError) as err:
-            report.problems.append(f"shard {shard_name(part.shard)}: {getattr(err, 'strerror', None) or err}")
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):  # every later shard would fail alike: say it once
+                report.problems.append(f"{local_dir}: {err.strerror} after copying {human_size(done)} of "
+                                       f"{human_size(sum(p.nbytes for p in parts))}: free space, or use more nodes "
+                                       "or fewer replicas")
+                break
+            report.problems.append(f"shard {shard_name(part.shard)}: {err.strerror or err}")
+            continue
+        except FanfsError as err:
+            report.problems.append(f"shard {shard_name(part.shard)}: {err}")
             continue
         report.copied_bytes += copied
         report.skipped_bytes += part.nbytes - copied
