@@ -57,3 +57,25 @@ def test_an_agreed_failure_ends_mpi_on_every_rank_too(dataset, tmp_path):
     err = proc.stderr.read()
     assert len(err.strip().splitlines()) == 1 and err.startswith("fanfs: error: rank 1: mount point"), err  # said once, by rank 0
     assert mpi_segments_since(started) == []
+
+
+def _mounted(path) -> bool:
+    """In the mount table: also a dead mount (ENOTCONN), which os.path.ismount may not see."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == str(path) for line in f)
+
+
+def test_a_daemon_killed_with_9_leaves_no_dead_mount(dataset, tmp_path):
+    """Its rank detaches the dead mount (ENOTCONN to every reader) as soon as it sees the daemon die: the
+    node's mount point is an empty directory again, and the others serve on."""
+    src, store, files = dataset
+    with Job(store, tmp_path, 2, "--stage") as job:
+        os.kill(job.pid(2), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _mounted(job.mounts[2]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _mounted(job.mounts[2]) and os.listdir(job.mounts[2]) == []
+        assert_exact(src, job.mounts[0], files)  # replicas on the live nodes
+        fanfs("umount", job.mounts[0], timeout=60)
+        assert finish(job.proc, 60) != 0  # the launcher reports the dead node
+    assert not any(_mounted(m) for m in job.mounts)

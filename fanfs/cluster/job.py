@@ -18,12 +18,11 @@ import os
 import shutil
 import signal
 import stat
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..errors import FanfsError, UsageError
-from ..serve.daemon import MountOptions
+from ..serve.daemon import MountOptions, detach, mounted
 from ..util.runtime import RUNTIME_VARIABLE
 from .node import mount_node
 
@@ -89,10 +88,10 @@ class NodeDirs:
 
     def remove(self) -> None:
         """Remove what create() made; never follows into a mount that would not go away."""
-        if os.path.ismount(self.mountpoint):
-            _detach(self.mountpoint)
-        mounted = os.path.ismount(self.mountpoint)
-        if mounted:
+        if mounted(self.mountpoint):  # also a dead one, whose daemon was killed
+            detach(self.mountpoint)
+        still = mounted(self.mountpoint)
+        if still:
             log.warning("%s is still mounted: left in place", self.mountpoint)
         elif self.mountpoint in self.made and not self.mountpoint.startswith(self.root + os.sep):
             try:
@@ -101,13 +100,7 @@ class NodeDirs:
                 _cannot_remove(os.rmdir, self.mountpoint, (type(err), err, None))
         if self.root in self.made:
             inside = self.mountpoint.startswith(self.root + os.sep)
-            shutil.rmtree(self.shards if mounted and inside else self.root, onerror=_cannot_remove)
-
-
-def _detach(mountpoint: str) -> None:
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    command = [tool, "-u", "-z", mountpoint] if tool else ["umount", "-l", mountpoint]
-    subprocess.run(command, capture_output=True)
+            shutil.rmtree(self.shards if still and inside else self.root, onerror=_cannot_remove)
 
 
 def _cannot_remove(func: object, path: str, info: tuple) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import FanfsError, StoreError
 from ..records import FULL, Presentation, blobs_read, check_presentation
 from ..serve.control import MountLock
-from ..serve.daemon import MountOptions, check_mountpoint, opened_paths, setup_logging, start
+from ..serve.daemon import MountOptions, check_mountpoint, detach, mounted, opened_paths, setup_logging, start
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
@@ -148,7 +148,7 @@ def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
             World.detect().agree(error)
         child = Handoff.spawn(lambda sock: daemon_main(sock, mountpoint, locks[0]),  # before MPI: see .handoff
                               end_with_rank=options.job_node is not None, keep=[locks[0].fd])
-        return _start_job(child, store_root, options)
+        return _start_job(child, store_root, mountpoint, options)
     except AgreedError:
         World.detect().finalize()  # every rank raised it at the same agreement: all alive, all end MPI
         raise
@@ -157,7 +157,7 @@ def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
             lock.release()
 
 
-def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
+def _start_job(child: Handoff, store_root: str, mountpoint: str, options: MountOptions) -> int:
     """The job's collective start, then wait for this node's daemon until the job ends; its pid."""
     assert options.local_dir is not None
     kind, value = child.recv() or ("error", "the serving daemon did not start")
@@ -186,6 +186,8 @@ def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
         child.wait()
         raise
     code = child.wait()
+    if code and mounted(mountpoint):  # killed (-9, OOM) while serving: a dead mount answers ENOTCONN to all
+        detach(mountpoint)
     if code:
         raise FanfsError(f"this node's daemon (pid {child.pid}) ended with "
                          + (f"signal {-code}" if code < 0 else f"status {code}"))

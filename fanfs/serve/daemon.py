@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -270,13 +271,29 @@ def _log_tail(logfile: str) -> str:
     return f"log {logfile}: " + " | ".join(lines) if lines else ""
 
 
+def mounted(path: str) -> bool:
+    """Whether something is mounted at ``path``, read from /proc/self/mountinfo: also a FUSE mount whose
+    daemon was killed, which answers ENOTCONN to the lstat that os.path.ismount relies on."""
+    target = os.fsencode(os.path.realpath(path))
+    unescape = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline, backslash as \ooo
+    with open("/proc/self/mountinfo", "rb") as f:
+        return any(unescape.sub(lambda m: bytes([int(m.group(1), 8)]), line.split(b" ")[4]) == target for line in f)
+
+
+def detach(mountpoint: str) -> None:
+    """Lazily unmount ``mountpoint`` (its daemon then ends, or has ended already); failures are ignored."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    command = [tool, "-u", "-z", mountpoint] if tool else ["umount", "-l", mountpoint]
+    subprocess.run(command, capture_output=True)
+
+
 def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     """Unmount and wait until the daemon has gone; False if nothing was mounted there (ended already:
     a job's mounts all end with its first unmount, so a cleanup on every node must not fail)."""
     mountpoint = os.path.abspath(mountpoint)
     if not os.path.isdir(mountpoint):
         raise StoreError(f"{mountpoint}: no such directory")
-    if not os.path.ismount(mountpoint):
+    if not mounted(mountpoint):
         return False
     try:
         pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
@@ -286,7 +303,7 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     cmd = [tool, "-u", *(["-z"] if lazy else []), mountpoint] if tool else ["umount", mountpoint]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        if not os.path.ismount(mountpoint):
+        if not mounted(mountpoint):
             return False  # it ended meanwhile
         reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cmd[0]} failed"
         if "busy" in reason.lower():
