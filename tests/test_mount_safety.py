@@ -152,3 +152,26 @@ def test_a_job_whose_local_dirs_lie_under_their_mount_points_fails_on_every_node
     finally:
         for mnt in mounts:
             force_unmount(mnt)
+
+
+def test_a_mount_s_lock_file_goes_when_its_daemon_ends(stores, tmp_path):
+    """Lock files no longer pile up in the runtime directory: a mount that ends, or is refused, removes
+    its own (the refusal of a racing second mount is test_two_mounts_of_one_point_at_once_never_stack)."""
+    from fanfs.serve.control import log_path
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    lock_file = Path(log_path(mnt)).with_suffix(".lock")  # beside the mount's log and socket
+    try:
+        fanfs("mount", stores / "plain", mnt)
+        assert lock_file.exists()
+        fanfs("umount", mnt)
+        assert not lock_file.exists()
+        assert fanfs("mount", stores / "records", mnt, "--fidelity", "99", check=False).returncode == 1
+        assert not lock_file.exists()
+        proc = subprocess.Popen([sys.executable, "-m", "fanfs", "mount", str(stores / "plain"), str(mnt), "--foreground"])
+        fanfs("wait", mnt, "--timeout", "60")
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+        assert not lock_file.exists() and not os.path.ismount(mnt)
+    finally:
+        force_unmount(mnt)

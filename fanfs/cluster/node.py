@@ -96,7 +96,7 @@ def mount_node(store_root: str, mountpoint: str, options: MountOptions,
     try:
         return _mount_alone(store_root, mountpoint, options, lock)
     finally:
-        lock.release()
+        lock.remove()  # unless the daemon took it over: the mount was refused before
 
 
 def _mount_alone(store_root: str, mountpoint: str, options: MountOptions, lock: MountLock) -> int:
@@ -154,7 +154,7 @@ def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
         raise
     finally:
         for lock in locks:
-            lock.release()
+            lock.remove()  # the daemon has ended (or never started)
 
 
 def _start_job(child: Handoff, store_root: str, mountpoint: str, options: MountOptions) -> int:

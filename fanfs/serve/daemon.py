@@ -103,18 +103,22 @@ def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
         check_presentation(store.index, options.presentation)
         return start(store, mountpoint, options, lock=lock)
     finally:
-        lock.release()  # the daemon holds its own copy from the fork on
+        lock.remove()  # unless start() handed it to the daemon: the mount was refused before it
 
 
 def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control.MountLock,
           on_ready: Callable[[], None] | None = None, extra_stats: Callable[[], dict] | None = None) -> int:
     """Serve an opened store here (foreground) or in a daemon process once it serves; returns its pid.
 
-    ``lock`` is the mount point's lock, taken by the caller before it checked the mount point.
+    ``lock`` is the mount point's lock, taken by the caller before it checked the mount point; the
+    daemon holds it while it serves and removes it when it ends.
     """
     hooks = {"on_ready": on_ready, "extra_stats": extra_stats}
     if options.foreground:
-        run_daemon(store, mountpoint, options, ready_fd=None, **hooks)
+        try:
+            run_daemon(store, mountpoint, options, ready_fd=None, **hooks)
+        finally:
+            lock.remove()
         return os.getpid()
     logfile = control.log_path(mountpoint)
     read_end, write_end = os.pipe()
@@ -138,7 +142,9 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
             _report(write_end, f"error: {err}")
             log.exception("daemon failed")
         finally:
+            lock.remove()
             os._exit(code)
+    lock.release()  # the daemon holds the lock from here on, and removes it when it ends
     os.close(write_end)
     store.close()
     message = _await(read_end, timeout=120)
