@@ -83,6 +83,21 @@ def test_one_node_failing_to_mount_fails_the_job_with_its_reason(slurm, slurm_pl
     assert_nothing_left(slurm, job)
 
 
+def test_a_mount_point_above_the_local_dir_fails_the_job_at_once(slurm, slurm_plain, tmp_path):
+    """FANFS_MNT an ancestor of FANFS_LOCAL: each node's daemon would read its shards through its own
+    mount and hang; every node refuses it before mounting, with one line for the job."""
+    local = tmp_path / "local"
+    local.mkdir()
+    job = submit(slurm, slurm_plain[1], tmp_path / "out", env={"FANFS_LOCAL": str(local), "FANFS_MNT": str(tmp_path)})
+    result = slurm.wait(job, timeout=60)
+    output = slurm.output(job)
+    assert result.state == "FAILED", output
+    errors = [line for line in output.splitlines() if "error" in line]
+    assert len(errors) == 1 and f"is the mount point {tmp_path} or lies under it" in errors[0], output
+    assert list(local.iterdir()) == [] and not os.path.ismount(tmp_path)
+    assert_nothing_left(slurm, job)
+
+
 def test_failing_training_fails_the_job_with_its_exit_code(slurm, slurm_plain, tmp_path):
     local = tmp_path / "local"  # the shards somewhere else than $TMPDIR, as on /dev/shm
     local.mkdir()
