@@ -20,7 +20,7 @@ and removes what the job put there.
 
 settings (environment; the options of 'job run' win):
   FANFS_LOCAL     node-local directory under which each node keeps the job's shards in a directory of its
-                  own, fanfs-JOBID-NODE (default $TMPDIR, else /tmp; /dev/shm works)
+                  own, fanfs-JOBID-NODE-xxxxxxxx (default $TMPDIR, else /tmp; /dev/shm works)
   FANFS_MNT       the mount point on each node, {node} for the node's name (default: mnt/ in that directory)
   FANFS_REPLICAS  copies of each shard across the nodes (default 2; 1 on one node)
   FANFS_FIDELITY  K, full or auto:SSIM (default full)
@@ -50,7 +50,6 @@ def cmd_job_run(args: argparse.Namespace) -> int:
 
 def cmd_job_serve(args: argparse.Namespace) -> int:
     from ..cluster.job import serve_node
-    from ..cluster.world import AgreedError, launched_ranks
     from ..records import FULL, Presentation
     from ..serve.daemon import MountOptions
     from ..tune.fidelity import parse_fidelity
@@ -58,12 +57,7 @@ def cmd_job_serve(args: argparse.Namespace) -> int:
     auto = isinstance(value, float)  # auto:SSIM, measured once for the job
     options = MountOptions(cache_size=args.cache_size, replicas=args.replicas, auto_ssim=value if auto else None,
                            presentation=Presentation(fidelity=FULL if auto else value, precision=args.precision))
-    try:
-        serve_node(os.path.abspath(args.store), options)
-    except AgreedError:
-        if launched_ranks()[0] == 0:
-            raise
-        return 1  # every node failed alike: the first node's line says why, once
+    serve_node(os.path.abspath(args.store), options)
     return 0
 
 
@@ -89,8 +83,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--mountpoint", metavar="PATH", help="mount point on each node, {node} for its name ($FANFS_MNT)")
     p.add_argument("--cache-size", type=size, default="1G", help="each mount's cache for decoded blobs (default 1G)")
     p.add_argument("store", help="the store, on a file system every node sees")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command; '$FANFS_MNT' in it "
-                   "(quoted at submission) becomes the node's mount point")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command; '$FANFS_MNT' and "
+                   "'${FANFS_MNT}' in it (quoted at submission) become the node's mount point ($FANFS_MNT_X stays)")
 
     p = steps.add_parser("serve", help="one node's part: stage, mount, serve peers, clean up (one task per node)")
     p.set_defaults(func=cmd_job_serve)

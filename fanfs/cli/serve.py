@@ -58,7 +58,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 def cmd_stage(args: argparse.Namespace) -> int:
     from ..cluster.node import job_fidelity
     from ..cluster.stage import stage
-    from ..cluster.world import World, expand, load_index
+    from ..cluster.world import AgreedError, World, expand, load_index
     from ..records import Presentation, check_presentation
     from ..tune.fidelity import parse_fidelity
     value = parse_fidelity(args.fidelity)
@@ -70,8 +70,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
         presentation = check_presentation(index, Presentation(fidelity=k, precision=args.precision))
         report = stage(store, os.path.abspath(expand(args.local_dir)), args.replicas, world, index,
                        presentation=presentation, progress=not args.quiet)
-    finally:
-        world.finalize()
+    except AgreedError:
+        world.finalize()  # every rank raised it at the same agreement, alive (after another error one may not be)
+        raise
+    world.finalize()
     if report is not None:
         if args.json:
             import dataclasses

@@ -8,8 +8,10 @@ rank 0 reads the index and broadcasts it, ``auto:SSIM`` is measured once, the bl
 asked, every daemon's peer address and public key are gathered (:mod:`.peerwire`).  The daemons then
 serve each other over TCP, independent processes: one node's death (kill -9, OOM) or stop takes
 nothing else down, and the launcher, told not to clean up (``mpiexec -disable-auto-cleanup``;
-``srun``'s default), lets the survivors serve on.  MPI is never finalised (with a dead peer that could
-block; a rank exiting without it is clean).
+``srun``'s default), lets the survivors serve on.  MPI is finalised right after the job's last collective
+call (the peer addresses), or after an error every rank agreed on: there every rank is alive and calls
+it, so nothing of MPI (its shared-memory segments in /dev/shm) outlives the start.  After any other
+failure a rank may be dead and finalising could block: the rank then exits without it.
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ import numpy as np
 from ..errors import FanfsError, StoreError
 from ..records import FULL, Presentation, blobs_read, check_presentation
 from ..serve.control import MountLock
-from ..serve.daemon import MountOptions, check_mountpoint, setup_logging, start
+from ..serve.daemon import MountOptions, check_mountpoint, detach, mounted, opened_paths, setup_logging, start
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
 from ..tune.fidelity import auto_fidelity
+from ..util.runtime import private_dir
 from .handoff import Handoff
 from .placement import Placement, place
 from .serving import Plan, daemon_main
-from .stage import held_parts, stage, staged_presentation, staged_share, staged_stats
-from .world import World, launched_ranks, load_index
+from .stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
+from .world import AgreedError, World, launched_ranks, load_index
 
 log = logging.getLogger("fanfs")
 
@@ -49,6 +52,13 @@ def missing_shards(directory: str, placement: Placement, rank: int, index: Index
             pass
         missing.append(part.shard)
     return missing
+
+
+def check_node_paths(store_root: str, mountpoint: str, local_dir: str) -> None:
+    """A node's mount point, and its local directory if it exists (staging makes it), are safe to use."""
+    check_mountpoint(mountpoint, opened_paths(store_root, local_dir))
+    if os.path.lexists(local_dir):
+        private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
 
 
 def job_fidelity(world: World, store_root: str, index: Index, min_ssim: float) -> int:
@@ -85,12 +95,12 @@ def mount_node(store_root: str, mountpoint: str, options: MountOptions,
     try:
         return _mount_alone(store_root, mountpoint, options, lock)
     finally:
-        lock.release()
+        lock.remove()  # unless the daemon took it over: the mount was refused before
 
 
 def _mount_alone(store_root: str, mountpoint: str, options: MountOptions, lock: MountLock) -> int:
     assert options.local_dir is not None
-    check_mountpoint(mountpoint)
+    check_node_paths(store_root, mountpoint, options.local_dir)
     world = World.detect()
     index = load_index(store_root, world)
     if options.auto_ssim is not None:
@@ -127,23 +137,26 @@ def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
         if prepare is not None:
             prepare()
         locks.append(MountLock(mountpoint))
-        check_mountpoint(mountpoint)
         if not os.path.isdir(store_root):
             raise StoreError(f"{store_root}: no such store directory")
+        check_node_paths(store_root, mountpoint, options.local_dir)
 
     try:
         error = _problem(check_node)
         if error is not None:  # this node will not serve: every rank learns why at the first agreement
             World.detect().agree(error)
         child = Handoff.spawn(lambda sock: daemon_main(sock, mountpoint, locks[0]),  # before MPI: see .handoff
-                              end_with_rank=options.job_node is not None)
-        return _start_job(child, store_root, options)
+                              end_with_rank=options.job_node is not None, keep=[locks[0].fd])
+        return _start_job(child, store_root, mountpoint, options)
+    except AgreedError:
+        World.detect().finalize()  # every rank raised it at the same agreement: all alive, all end MPI
+        raise
     finally:
         for lock in locks:
-            lock.release()
+            lock.remove()  # the daemon has ended (or never started)
 
 
-def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
+def _start_job(child: Handoff, store_root: str, mountpoint: str, options: MountOptions) -> int:
     """The job's collective start, then wait for this node's daemon until the job ends; its pid."""
     assert options.local_dir is not None
     kind, value = child.recv() or ("error", "the serving daemon did not start")
@@ -162,6 +175,7 @@ def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
                         "to replicas", options.local_dir, len(missing), shard_name(missing[0]))
         address, public = value
         gathered = world.allgather((tuple(address), public))  # the job's last MPI call: from here on, sockets
+        world.finalize()  # every rank is here and alive: MPI leaves nothing behind (/dev/shm segments)
         endpoints, publics = [a for a, _ in gathered], [p for _, p in gathered]
         child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, publics, options, staged))
     except BaseException:
@@ -172,6 +186,8 @@ def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
         child.wait()
         raise
     code = child.wait()
+    if code and mounted(mountpoint):  # killed (-9, OOM) while serving: a dead mount answers ENOTCONN to all
+        detach(mountpoint)
     if code:
         raise FanfsError(f"this node's daemon (pid {child.pid}) ended with "
                          + (f"signal {-code}" if code < 0 else f"status {code}"))

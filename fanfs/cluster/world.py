@@ -123,9 +123,9 @@ class World:
         """Collective: raise the same StoreError on every rank if any rank failed, so none waits forever."""
         failed = [(rank, e) for rank, e in enumerate(self.allgather(error)) if e]
         if failed:
-            if self.size == 1:
-                raise AgreedError(failed[0][1])
-            raise AgreedError("; ".join(f"rank {rank}: {e}" for rank, e in failed))
+            agreed = AgreedError(failed[0][1] if self.size == 1 else "; ".join(f"rank {rank}: {e}" for rank, e in failed))
+            agreed.said_elsewhere = self.rank != 0  # rank 0 prints it for the job
+            raise agreed
 
     def finalize(self) -> None:
         """End MPI for this process (collective: only where every rank is alive and calls it too)."""

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FanfsError, StoreError
 from ..records import Presentation, check_presentation
 from ..store import Store
-from ..util.runtime import create_private
+from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server
 from ..util.workers import pid_alive
 from . import control
@@ -51,11 +52,44 @@ class MountOptions:
 READY_LINE = "fanfs: ready: {node} serves {mountpoint}"  # what 'fanfs job run' waits for, one per node
 
 
-def check_mountpoint(mountpoint: str) -> None:
+def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
+    """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon
+    will open (``opened``: what it is -> path): through its own mount, the daemon would wait on itself."""
     if not os.path.isdir(mountpoint):
         raise StoreError(f"mount point {mountpoint} is not a directory: create it first")
     if os.path.ismount(mountpoint):
         raise StoreError(f"{mountpoint} is already a mount point: 'fanfs umount {mountpoint}' first")
+    st = os.stat(mountpoint)
+    for what, path in opened.items():
+        if _at_or_under(path, (st.st_dev, st.st_ino)):
+            raise StoreError(f"{what} {path} is the mount point {mountpoint} or lies under it: the daemon would "
+                             "read it through its own mount and hang; mount somewhere else")
+
+
+def _at_or_under(path: str, directory: tuple[int, int]) -> bool:
+    """Whether ``path`` (or, if it does not exist yet, where it would be made) is ``directory`` (st_dev,
+    st_ino) or lies under it: compared as inodes along the real path, so symlinks, ``..`` and bind
+    mounts do not hide it."""
+    current = os.path.realpath(path)
+    while True:
+        try:
+            st = os.stat(current)
+            if (st.st_dev, st.st_ino) == directory:
+                return True
+        except OSError:
+            pass
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
+def opened_paths(store_root: str, local_dir: str | None = None) -> dict[str, str]:
+    """What a daemon serving ``store_root`` opens while it serves: none may lie under its mount point."""
+    paths = {"the store": store_root, "the runtime directory": runtime_dir()}
+    if local_dir is not None:
+        paths["the local directory"] = local_dir
+    return paths
 
 
 def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
@@ -65,23 +99,27 @@ def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
         setup_logging(options.debug)
     lock = control.MountLock(mountpoint)
     try:
-        check_mountpoint(mountpoint)
+        check_mountpoint(mountpoint, opened_paths(store_path))
         store = Store(os.path.abspath(store_path), cache_size=options.cache_size)
         check_presentation(store.index, options.presentation)
         return start(store, mountpoint, options, lock=lock)
     finally:
-        lock.release()  # the daemon holds its own copy from the fork on
+        lock.remove()  # unless start() handed it to the daemon: the mount was refused before it
 
 
 def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control.MountLock,
           on_ready: Callable[[], None] | None = None, extra_stats: Callable[[], dict] | None = None) -> int:
     """Serve an opened store here (foreground) or in a daemon process once it serves; returns its pid.
 
-    ``lock`` is the mount point's lock, taken by the caller before it checked the mount point.
+    ``lock`` is the mount point's lock, taken by the caller before it checked the mount point; the
+    daemon holds it while it serves and removes it when it ends.
     """
     hooks = {"on_ready": on_ready, "extra_stats": extra_stats}
     if options.foreground:
-        run_daemon(store, mountpoint, options, ready_fd=None, **hooks)
+        try:
+            run_daemon(store, mountpoint, options, ready_fd=None, **hooks)
+        finally:
+            lock.remove()
         return os.getpid()
     logfile = control.log_path(mountpoint)
     read_end, write_end = os.pipe()
@@ -98,16 +136,21 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
             if not warnings.count:
                 os.unlink(logfile)  # a clean run leaves no log behind
             code = 0
+        except FanfsError as err:  # a reason the user can act on: one line, here and in the log
+            _report(write_end, f"error: {err}")
+            log.error("%s", err)
         except BaseException as err:  # report to the waiting parent, then leave without cleanup handlers
             _report(write_end, f"error: {err}")
             log.exception("daemon failed")
         finally:
+            lock.remove()
             os._exit(code)
+    lock.release()  # the daemon holds the lock from here on, and removes it when it ends
     os.close(write_end)
     store.close()
     message = _await(read_end, timeout=120)
     if message != "ready":
-        tail = _log_tail(logfile)
+        tail = "" if message.startswith("error: ") else _log_tail(logfile)  # a daemon that died without a word
         raise StoreError(f"mount of {store.root} at {mountpoint} failed: {message.removeprefix('error: ')}"
                          + (f" ({tail})" if tail else ""))
     return pid
@@ -237,13 +280,29 @@ def _log_tail(logfile: str) -> str:
     return f"log {logfile}: " + " | ".join(lines) if lines else ""
 
 
+def mounted(path: str) -> bool:
+    """Whether something is mounted at ``path``, read from /proc/self/mountinfo: also a FUSE mount whose
+    daemon was killed, which answers ENOTCONN to the lstat that os.path.ismount relies on."""
+    target = os.fsencode(os.path.realpath(path))
+    unescape = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline, backslash as \ooo
+    with open("/proc/self/mountinfo", "rb") as f:
+        return any(unescape.sub(lambda m: bytes([int(m.group(1), 8)]), line.split(b" ")[4]) == target for line in f)
+
+
+def detach(mountpoint: str) -> None:
+    """Lazily unmount ``mountpoint`` (its daemon then ends, or has ended already); failures are ignored."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    command = [tool, "-u", "-z", mountpoint] if tool else ["umount", "-l", mountpoint]
+    subprocess.run(command, capture_output=True)
+
+
 def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     """Unmount and wait until the daemon has gone; False if nothing was mounted there (ended already:
     a job's mounts all end with its first unmount, so a cleanup on every node must not fail)."""
     mountpoint = os.path.abspath(mountpoint)
     if not os.path.isdir(mountpoint):
         raise StoreError(f"{mountpoint}: no such directory")
-    if not os.path.ismount(mountpoint):
+    if not mounted(mountpoint):
         return False
     try:
         pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
@@ -253,7 +312,7 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     cmd = [tool, "-u", *(["-z"] if lazy else []), mountpoint] if tool else ["umount", mountpoint]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        if not os.path.ismount(mountpoint):
+        if not mounted(mountpoint):
             return False  # it ended meanwhile
         reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cmd[0]} failed"
         if "busy" in reason.lower():

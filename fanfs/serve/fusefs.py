@@ -56,24 +56,23 @@ class Deferred:
             thread.start()
 
     def submit(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
-        self._jobs.put((req, entry, view, size, offset))
+        self._jobs.put((req, self._read, entry, view, size, offset))
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            req, entry, view, size, offset = job
-            try:
-                data = self.store.read(entry, offset, size, view)
-            except OSError as err:
-                ll.reply_err(req, err.errno or errno.EIO)
-            except Exception:
-                log.exception("read failed")
-                ll.reply_err(req, errno.EIO)
-            else:
-                ll.reply_buf(req, data, len(data))
+            ll.answer(*job)
+
+    def _read(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
+        data = self.store.read(entry, offset, size, view)
+        ll.reply_buf(req, data, len(data))
 
     def close(self) -> None:
+        """Let every worker finish the read it holds (a peer's answer or its timeout) before the session
+        that its reply goes through is destroyed."""
         for _ in self._threads:
             self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
 
 
 class FanfsFS:

@@ -21,8 +21,10 @@ import os
 import platform
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from ..errors import FanfsError
 
 log = logging.getLogger("fanfs")
 
@@ -87,12 +89,31 @@ class LowLevelOps(ctypes.Structure):
     _fields_ = [(name, _vp) for name in _OPS]
 
 
+SONAME = "libfuse3.so.3"
+SUPPORTED = (300, 316)
+"""libfuse 3.0 to 3.16 (``fuse_version()`` 300..316): the soname and API this binding declares.  3.17
+moved to ``libfuse3.so.4`` with versioned entry points, which this binding does not know."""
+
+
+class LibfuseError(FanfsError):
+    """No libfuse 3 that this binding knows could be loaded."""
+
+
 def _load() -> ctypes.CDLL:
-    name = ctypes.util.find_library("fuse3") or "libfuse3.so.3"
     try:
-        lib = ctypes.CDLL(name)
+        lib = ctypes.CDLL(SONAME)
     except OSError as err:
-        raise ImportError(f"libfuse3 is not installed ({err}): install the fuse3 package (tools/setup does)") from None
+        found = ctypes.util.find_library("fuse3")
+        raise LibfuseError(f"cannot load {SONAME} ({err})" + (f"; found {found}, which this binding does not know"
+                                                             if found and found != SONAME else "")
+                           + f": fanfs needs libfuse {_supported()} (Debian/Ubuntu: the fuse3 package)") from None
+    try:
+        lib.fuse_version.restype, lib.fuse_version.argtypes = ctypes.c_int, []
+        version = lib.fuse_version()
+    except AttributeError:
+        raise LibfuseError(f"{SONAME} is not libfuse 3 (it has no fuse_version): fanfs needs libfuse {_supported()}") from None
+    if not SUPPORTED[0] <= version <= SUPPORTED[1]:
+        raise LibfuseError(f"{SONAME} is libfuse {version // 100}.{version % 100}: fanfs needs libfuse {_supported()}")
     sig = {
         "fuse_session_new": (_vp, [ctypes.POINTER(Args), ctypes.POINTER(LowLevelOps), ctypes.c_size_t, _vp]),
         "fuse_session_mount": (ctypes.c_int, [_vp, ctypes.c_char_p]),
@@ -114,14 +135,34 @@ def _load() -> ctypes.CDLL:
         "fuse_lowlevel_notify_inval_inode": (ctypes.c_int, [_vp, c_ino, ctypes.c_int64, ctypes.c_int64]),
     }
     for fname, (restype, argtypes) in sig.items():
-        func = getattr(lib, fname)
+        try:
+            func = getattr(lib, fname)
+        except AttributeError:
+            raise LibfuseError(f"{SONAME} (libfuse {version // 100}.{version % 100}) lacks {fname}: fanfs needs "
+                               f"libfuse {_supported()}") from None
         func.restype, func.argtypes = restype, argtypes
     return lib
+
+
+def _supported() -> str:
+    return f"3.{SUPPORTED[0] % 100}-3.{SUPPORTED[1] % 100} ({SONAME})"
 
 
 _lib = _load()
 reply_err = _lib.fuse_reply_err
 reply_buf = _lib.fuse_reply_buf
+
+
+def answer(req: int, handler: Callable[..., None], *args: object) -> None:
+    """Run ``handler(req, *args)``, which replies to the request; whatever it raises (a failed reply too, any
+    BaseException) is answered with an error, so no request is left unanswered and no reader hangs."""
+    try:
+        handler(req, *args)
+    except OSError as err:
+        reply_err(req, err.errno or errno.EIO)
+    except BaseException:
+        log.exception("request failed")
+        reply_err(req, errno.EIO)
 
 
 class Attr(Protocol):
@@ -176,16 +217,9 @@ class Session:
     def _enosys(req: int, ino: int, fi: int) -> None:
         reply_err(req, errno.ENOSYS)
 
-    def _guard(self, handler):
-        def call(req, *args):
-            try:
-                handler(req, *args)
-            except OSError as err:
-                reply_err(req, err.errno or errno.EIO)
-            except Exception:
-                log.exception("request failed")
-                reply_err(req, errno.EIO)
-        return call
+    @staticmethod
+    def _guard(handler):
+        return lambda req, *args: answer(req, handler, *args)
 
     def _init(self, userdata: int, conn: int) -> None:
         try:
@@ -196,8 +230,9 @@ class Session:
     def loop(self) -> int:
         """Mount and serve; returns 0 after an unmount, or the number of the signal that ended the loop."""
         _close_on_exec()
-        if _lib.fuse_session_mount(self._se, os.fsencode(self.mountpoint)) != 0:
-            raise OSError(errno.EIO, f"cannot mount at {self.mountpoint} (see the log for libfuse's reason)")
+        failed, reason = _with_stderr(lambda: _lib.fuse_session_mount(self._se, os.fsencode(self.mountpoint)))
+        if failed:
+            raise MountError(f"cannot mount at {self.mountpoint}: {reason or 'libfuse gave no reason'}")
         self._mounted = True
         # libfuse takes over only signals left at their default action: Python's own (or a caller's)
         # handlers could run only between bytecodes of the main thread, which the loop never returns to.
@@ -229,6 +264,29 @@ class Session:
         if self._se:
             _lib.fuse_session_destroy(self._se)
             self._se = None
+
+
+class MountError(FanfsError):
+    """The kernel mount could not be made; the message carries libfuse's (or fusermount3's) reason."""
+
+
+def _with_stderr(call: Callable[[], int]) -> tuple[int, str]:
+    """``call()`` with file descriptor 2 captured (libfuse and the fusermount3 it runs report there): its
+    result and the last line written, which is also passed on to the real stderr (the daemon's log)."""
+    captured = os.memfd_create("fanfs-libfuse", os.MFD_CLOEXEC)
+    saved = os.dup(2)
+    os.dup2(captured, 2)
+    try:
+        result = call()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    text = os.pread(captured, 1 << 16, 0)
+    os.close(captured)
+    if text:
+        os.write(2, text)
+    lines = [line.strip() for line in text.decode(errors="replace").splitlines() if line.strip()]
+    return result, lines[-1] if lines else ""
 
 
 def _close_on_exec() -> None:

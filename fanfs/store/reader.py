@@ -175,11 +175,14 @@ class Store:
                 return data
             problems.append(f"{source.name}: checksum mismatch" if len(data) == length else
                             f"{source.name}: short read ({len(data)} of {length} bytes)")
+        raise self._eio(blob, f"{self._describe(entry, blob)}: no good copy ({'; '.join(problems) or 'no source holds it'})")
+
+    def _eio(self, blob: int, message: str) -> DataError:
+        """A read that fails with EIO: counted, logged (once a minute per blob), and the error to raise."""
         self.stats.errors += 1
-        message = f"{self._describe(entry, blob)}: no good copy ({'; '.join(problems) or 'no source holds it'})"
         if self._first_report(blob):
             log.error("EIO %s", message)
-        raise DataError(message)
+        return DataError(message)
 
     def _first_report(self, blob: int) -> bool:
         """Log a blob's trouble once a minute, not once per retry of the same read."""
@@ -219,13 +222,9 @@ class Store:
             try:
                 data = self.codecs[int(self.index.codec[entry])].decode(stored, raw_size)
             except Exception as err:  # a verified blob that does not decode: a bug or a codec mismatch
-                self.stats.errors += 1
-                if self._first_report(blob):
-                    log.error("EIO %s: decode failed: %s", self._describe(entry, blob), err)
-                raise DataError(f"decode failed: {err}") from None
+                raise self._eio(blob, f"{self._describe(entry, blob)}: decode failed: {err}") from None
             if len(data) != raw_size:
-                self.stats.errors += 1
-                raise DataError(f"{self._describe(entry, blob)}: decoded {len(data)} bytes, expected {raw_size}")
+                raise self._eio(blob, f"{self._describe(entry, blob)}: decoded {len(data)} bytes, expected {raw_size}")
             self.stats.decode_seconds += time.perf_counter() - started
         if keep:
             self.cache.put(blob, data)
