@@ -29,7 +29,8 @@ def _time_limit_running(time_limited_job) -> None:
 def test_job_reads_every_file_exactly_on_every_node(slurm, slurm_plain, tmp_path):
     src, store = slurm_plain
     started = time.monotonic()
-    job = submit(slurm, store, tmp_path / "out", "--source", str(src), "two words", "$FANFS_MNT/x")
+    job = submit(slurm, store, tmp_path / "out", "--source", str(src), "two words", "$FANFS_MNT/x",
+                 env={"FANFS_WORKERS": "2"})
     result = slurm.wait(job, timeout=120)
     output = slurm.output(job)
     assert result == ("COMPLETED", 0, 0), output
@@ -43,7 +44,7 @@ def test_job_reads_every_file_exactly_on_every_node(slurm, slurm_plain, tmp_path
         assert r["files"] == 120 and not r["mismatches"], r
         assert r["env_mnt"] == r["mnt"] and f"-{r['node']}" in r["mnt"]
         assert r["extra"] == ["two words", r["mnt"] + "/x"], "arguments arrive as given, $FANFS_MNT replaced"
-        assert r["fidelity"] == FULL
+        assert r["fidelity"] == FULL and r["workers"] == 2
     assert_nothing_left(slurm, job)
 
 

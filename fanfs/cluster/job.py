@@ -28,6 +28,7 @@ from ..errors import FanfsError, UsageError
 from ..serve.daemon import MountOptions, detach, mounted
 from ..util.runtime import RUNTIME_VARIABLE, UnsafeDirError, private_dir
 from .node import mount_node
+from .serving import NodeOptions
 
 log = logging.getLogger("fanfs")
 
@@ -148,7 +149,7 @@ def _stop(signum: int, frame: object) -> None:
     raise JobEnded(f"stopped by {signal.Signals(signum).name} before the mount served")
 
 
-def serve_node(store_root: str, options: MountOptions) -> int:
+def serve_node(store_root: str, mount: MountOptions, *, replicas: int, auto_ssim: float | None) -> int:
     """This node's part of the job (one task per node, all at once under srun): stage its shards,
     mount, serve until the job ends, then remove everything the job put on the node."""
     dirs = NodeDirs.from_environment()
@@ -158,15 +159,13 @@ def serve_node(store_root: str, options: MountOptions) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a time limit's warning (--signal=USR1@...) is for training
     os.environ[RUNTIME_VARIABLE] = dirs.runtime
     try:
-        return mount_node(store_root, dirs.mountpoint, _for_node(options, dirs), prepare=dirs.create)
+        options = NodeOptions(replace(mount, foreground=True), dirs.shards, replicas=replicas, stage=True,
+                              auto_ssim=auto_ssim, job_node=dirs.node)
+        return mount_node(store_root, dirs.mountpoint, options, prepare=dirs.create)
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):  # the cleanup itself is not cut short
             signal.signal(sig, signal.SIG_IGN)
         dirs.remove()
-
-
-def _for_node(options: MountOptions, dirs: NodeDirs) -> MountOptions:
-    return replace(options, local_dir=dirs.shards, stage=True, foreground=True, job_node=dirs.node)
 
 
 _MNT_REFERENCE = re.compile(r"\$(?:\{" + MNT_VARIABLE + r"\}|" + MNT_VARIABLE + r"(?![A-Za-z0-9_]))")

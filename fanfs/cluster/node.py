@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import FanfsError, StoreError
 from ..records import FULL, Presentation, blobs_read, check_presentation
 from ..serve.control import MountLock
-from ..serve.daemon import MountOptions, check_mountpoint, detach, mounted, opened_paths, setup_logging, start
+from ..serve.daemon import Hooks, MountOptions, check_mountpoint, detach, mounted, opened_paths, setup_logging, start
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
@@ -34,7 +34,7 @@ from ..tune.fidelity import auto_fidelity
 from ..util.runtime import private_dir
 from .handoff import Handoff
 from .placement import Placement, place
-from .serving import Plan, daemon_main
+from .serving import NodeOptions, Plan, daemon_main
 from .stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
 from .world import AgreedError, World, launched_ranks, load_index
 
@@ -75,18 +75,17 @@ def job_fidelity(world: World, store_root: str, index: Index, min_ssim: float) -
     return int(world.bcast(k))
 
 
-def mount_node(store_root: str, mountpoint: str, options: MountOptions,
+def mount_node(store_root: str, mountpoint: str, options: NodeOptions,
                prepare: Callable[[], None] | None = None) -> int:
     """Mount this node's view of the store (collective under a launcher); returns the serving pid.
 
     ``prepare`` runs first, on this node (e.g. making its directories): under a launcher its failure is
     agreed on like any other, so no node waits for one that will never join.
     """
-    assert options.local_dir is not None
-    if launched_ranks()[1] > 1 and not options.foreground:
+    if launched_ranks()[1] > 1 and not options.mount.foreground:
         raise StoreError("under mpiexec/srun, mount with --foreground (the launcher must see the node's daemon)")
-    if options.foreground:
-        setup_logging(options.debug, options.job_node)
+    if options.mount.foreground:
+        setup_logging(options.mount.debug, options.job_node)
     if launched_ranks()[1] > 1 or options.job_node is not None:  # a Slurm job's node, even alone: its signals
         return _mount_in_job(store_root, mountpoint, options, prepare)  # reach this task, which passes them on
     if prepare is not None:
@@ -98,14 +97,13 @@ def mount_node(store_root: str, mountpoint: str, options: MountOptions,
         lock.remove()  # unless the daemon took it over: the mount was refused before
 
 
-def _mount_alone(store_root: str, mountpoint: str, options: MountOptions, lock: MountLock) -> int:
-    assert options.local_dir is not None
+def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: MountLock) -> int:
     check_node_paths(store_root, mountpoint, options.local_dir)
     world = World.detect()
     index = load_index(store_root, world)
     if options.auto_ssim is not None:
         options = _with_fidelity(options, job_fidelity(world, store_root, index, options.auto_ssim))
-    check_presentation(index, options.presentation)
+    check_presentation(index, options.mount.presentation)
     staged = _stage_if_asked(store_root, options, world, index)
     placement = place(index.blob_stored, 1, 1)
     share = staged_share(store_root, options.local_dir, index, staged, placement.held(0))
@@ -113,23 +111,25 @@ def _mount_alone(store_root: str, mountpoint: str, options: MountOptions, lock: 
     if missing:
         raise StoreError(f"{options.local_dir}: {len(missing)} of the store's shards are missing or incomplete "
                          f"(first: {shard_name(missing[0])}): run 'fanfs stage' or mount with --stage")
-    store = Store(store_root, cache_size=options.cache_size, sources=[share.local, share.shared], check_shards=False,
+    store = Store(store_root, cache_size=options.mount.cache_size, sources=[share.local, share.shared],
+                  check_shards=False,
                   index=index, is_local=lambda entry, view: view <= store.view(entry, staged))
-    return start(store, mountpoint, options, lock=lock, extra_stats=lambda: staged_stats(share, store.stats.by_source))
+    hooks = Hooks(extra_stats=lambda counters: staged_stats(share, counters["by_source"]))
+    return start(store, mountpoint, options.mount, lock=lock, hooks=hooks)
 
 
-def _stage_if_asked(store_root: str, options: MountOptions, world: World, index: Index) -> Presentation:
+def _stage_if_asked(store_root: str, options: NodeOptions, world: World, index: Index) -> Presentation:
     """Stage at the mount's presentation if asked (collective); the presentation the local copies hold."""
-    assert options.local_dir is not None
     if options.stage:
-        report = stage(store_root, options.local_dir, options.replicas, world, index, presentation=options.presentation)
+        report = stage(store_root, options.local_dir, options.replicas, world, index,
+                       presentation=options.mount.presentation)
         if report is not None:
             print(report.format(), flush=True)
-        return options.presentation
+        return options.mount.presentation
     return staged_presentation(options.local_dir, index.meta["store_id"]) or Presentation()
 
 
-def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
+def _mount_in_job(store_root: str, mountpoint: str, options: NodeOptions,
                   prepare: Callable[[], None] | None) -> int:
     locks: list[MountLock] = []
 
@@ -156,9 +156,8 @@ def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
             lock.remove()  # the daemon has ended (or never started)
 
 
-def _start_job(child: Handoff, store_root: str, mountpoint: str, options: MountOptions) -> int:
+def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOptions) -> int:
     """The job's collective start, then wait for this node's daemon until the job ends; its pid."""
-    assert options.local_dir is not None
     kind, value = child.recv() or ("error", "the serving daemon did not start")
     try:
         world = World.detect()
@@ -166,7 +165,7 @@ def _start_job(child: Handoff, store_root: str, mountpoint: str, options: MountO
         index = load_index(store_root, world)
         if options.auto_ssim is not None:
             options = _with_fidelity(options, job_fidelity(world, store_root, index, options.auto_ssim))
-        world.agree(_problem(lambda: check_presentation(index, options.presentation)))
+        world.agree(_problem(lambda: check_presentation(index, options.mount.presentation)))
         staged = _stage_if_asked(store_root, options, world, index)
         placement = place(index.blob_stored, world.size, options.replicas)
         missing = missing_shards(options.local_dir, placement, world.rank, index, blobs_read(index, staged))
@@ -194,8 +193,9 @@ def _start_job(child: Handoff, store_root: str, mountpoint: str, options: MountO
     return child.pid
 
 
-def _with_fidelity(options: MountOptions, k: int) -> MountOptions:
-    return dataclasses.replace(options, presentation=options.presentation._replace(fidelity=k))
+def _with_fidelity(options: NodeOptions, k: int) -> NodeOptions:
+    presentation = options.mount.presentation._replace(fidelity=k)
+    return dataclasses.replace(options, mount=dataclasses.replace(options.mount, presentation=presentation))
 
 
 def _problem(check: Callable[[], object]) -> str | None:

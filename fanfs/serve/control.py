@@ -148,7 +148,9 @@ def _recv_line(sock: socket.socket) -> bytes:
 
 
 class ControlServer:
-    """Serves ``{"cmd": name, ...}`` requests with the given handlers on a daemon thread.
+    """Serves ``{"cmd": name, ...}`` requests with the given handlers on a daemon thread, once started (the
+    socket is bound at once, before the mount: afterwards resolving the mount point's path would ask the
+    very daemon that is not yet answering).
 
     A handler raises ValueError (or a FanfsError) for a request it refuses; the client gets its message.
     """
@@ -162,8 +164,10 @@ class ControlServer:
         self._sock.bind(self.path)
         os.chmod(self.path, 0o600)
         self._sock.listen(16)
-        self._thread = threading.Thread(target=self._serve, name="fanfs-control", daemon=True)
-        self._thread.start()
+
+    def start(self) -> None:
+        """Answer requests from now on (a thread: started once no more serving process is to be forked)."""
+        threading.Thread(target=self._serve, name="fanfs-control", daemon=True).start()
 
     def _serve(self) -> None:
         while True:

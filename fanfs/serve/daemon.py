@@ -31,25 +31,34 @@ from . import control
 
 log = logging.getLogger("fanfs")
 
+Counters = dict[str, Any]
+
 
 @dataclass
 class MountOptions:
+    """What a mount is, whoever asks for it (``fanfs mount``, a cluster node, a Slurm job's node)."""
+
     cache_size: int = 1 << 30
     presentation: Presentation = field(default_factory=Presentation)
-    auto_ssim: float | None = None  # a job mount's auto:SSIM, resolved once for the job (fanfs.cluster.node)
     foreground: bool = False
     allow_other: bool = False
     debug: bool = False
-    local_dir: str | None = None  # shards staged on node-local disk (fanfs.cluster.node)
-    replicas: int = 1
-    stage: bool = False
-    peer_timeout: float = 5.0
-    # Node NAME of a Slurm job ('fanfs job'): its daemon ends with the task that started it, its log
-    # lines carry the name, and it says on stdout when it serves (fanfs.cluster.job).
-    job_node: str | None = None
+    workers: int = 1  # serving processes (fanfs.serve.workers); 1: one loop in the daemon itself
 
 
-READY_LINE = "fanfs: ready: {node} serves {mountpoint}"  # what 'fanfs job run' waits for, one per node
+@dataclass
+class Hooks:
+    """What the caller of a mount adds to it (a cluster node: its peer server, client and their figures; a Slurm
+    job: the line that says the node serves).  Every one is optional."""
+
+    on_ready: Callable[[], None] | None = None
+    """The mount serves (INIT answered)."""
+    serving: Callable[[], None] | None = None
+    """Its serving processes are there: start the caller's threads now (forking is over)."""
+    counters: Callable[[], Counters] | None = None
+    """Counters kept in each serving process (summed over them for ``fanfs stats``)."""
+    extra_stats: Callable[[Counters], dict[str, Any]] | None = None
+    """What to add to the "stats" answer, given the summed counters."""
 
 
 def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
@@ -108,16 +117,16 @@ def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
 
 
 def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control.MountLock,
-          on_ready: Callable[[], None] | None = None, extra_stats: Callable[[], dict] | None = None) -> int:
+          hooks: Hooks | None = None) -> int:
     """Serve an opened store here (foreground) or in a daemon process once it serves; returns its pid.
 
     ``lock`` is the mount point's lock, taken by the caller before it checked the mount point; the
     daemon holds it while it serves and removes it when it ends.
     """
-    hooks = {"on_ready": on_ready, "extra_stats": extra_stats}
+    hooks = hooks or Hooks()
     if options.foreground:
         try:
-            run_daemon(store, mountpoint, options, ready_fd=None, **hooks)
+            run_daemon(store, mountpoint, options, ready_fd=None, hooks=hooks)
         finally:
             lock.remove()
         return os.getpid()
@@ -132,7 +141,7 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
             os.chdir("/")
             _detach(logfile)
             warnings = setup_logging(options.debug)
-            run_daemon(store, mountpoint, options, ready_fd=write_end, **hooks)
+            run_daemon(store, mountpoint, options, ready_fd=write_end, hooks=hooks)
             if not warnings.count:
                 os.unlink(logfile)  # a clean run leaves no log behind
             code = 0
@@ -156,27 +165,39 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
     return pid
 
 
-def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None, *,
-               on_ready: Callable[[], None] | None = None, extra_stats: Callable[[], dict] | None = None) -> None:
-    """Serve ``store`` at ``mountpoint`` in this process until unmounted.
-
-    ``on_ready`` runs once the mount serves; ``extra_stats`` adds to the "stats" answer (a cluster node's peers).
-    """
+def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None,
+               hooks: Hooks | None = None) -> None:
+    """Serve ``store`` at ``mountpoint`` from this process (and its serving processes) until unmounted."""
     from .fusefs import FanfsFS, describe, serve
+    from .workers import merge_counters
 
     configure_server()
+    hooks = hooks or Hooks()
+    processes = None  # the serving processes, once forked (fanfs.serve.workers)
 
     def ready() -> None:
         log.info("serving %s at %s (pid %d, %s)", store.root, mountpoint, os.getpid(), describe(fs.presentation))
         if ready_fd is not None:
             _report(ready_fd, "ready")
-        if options.job_node is not None:
-            try:
-                print(READY_LINE.format(node=options.job_node, mountpoint=mountpoint), flush=True)
-            except OSError:  # nobody listens any more: the job is ending anyway
-                pass
-        if on_ready is not None:
-            on_ready()
+        if hooks.on_ready is not None:
+            hooks.on_ready()
+
+    def serving(forked: Any) -> None:
+        nonlocal processes
+        processes = forked
+        server.start()
+        if hooks.serving is not None:
+            hooks.serving()
+
+    def counters() -> Counters:
+        return {**store.stats.as_dict(), **(hooks.counters() if hooks.counters else {})}
+
+    def stats(message: dict[str, Any]) -> dict[str, Any]:
+        parts = processes.counters() if processes is not None else [counters()]
+        summed = merge_counters(parts)
+        return {"store": store.root, **fs.presentation._asdict(), "workers": options.workers,
+                "reads_by_process": [part["reads"] for part in parts], **summed,
+                **(hooks.extra_stats(summed) if hooks.extra_stats else {})}
 
     def present(message: dict[str, Any]) -> dict[str, Any]:
         settings = {k: v for k, v in message.items() if k != "cmd"}
@@ -189,13 +210,13 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
     server = control.ControlServer(mountpoint, {
         "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
-                             **fs.presentation._asdict()},
-        "stats": lambda m: {"store": store.root, **fs.presentation._asdict(), **store.stats.as_dict(),
-                            **(extra_stats() if extra_stats else {})},
+                             "workers": options.workers, **fs.presentation._asdict()},
+        "stats": stats,
         "present": present,
     })
     try:
-        ended_by = serve(store, mountpoint, fs, allow_other=options.allow_other, debug=options.debug)
+        ended_by = serve(store, mountpoint, fs, allow_other=options.allow_other, debug=options.debug,
+                         workers=options.workers, serving=serving, counters=counters)
         if ended_by > 0:
             log.info("stopped by signal %d (%s)", ended_by, signal.Signals(ended_by).name)
     finally:

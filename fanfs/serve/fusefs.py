@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import queue
 import threading
@@ -33,6 +34,7 @@ from ..records import FULL, Presentation, check_presentation, kinds
 from ..store import Store
 from ..store.format import DIR, FILE
 from . import lowlevel as ll
+from .workers import ServingProcesses
 
 log = logging.getLogger("fanfs")
 
@@ -75,12 +77,42 @@ class Deferred:
             thread.join()
 
 
+class Shown:
+    """What every serving process of a mount agrees on, in memory they share (``MAP_SHARED``, made before they
+    are forked): the presentation, with a generation that moves at each switch, and per name the view + 1
+    that the kernel was last told in a lookup (0: never looked up, or invalidated since).  A switch is
+    made by one process; the others see the new generation at their next lookup."""
+
+    def __init__(self, entries: int, presentation: Presentation) -> None:
+        self._kind = type(presentation)
+        fields = len(presentation)
+        self._memory = mmap.mmap(-1, 8 * (1 + fields) + 2 * entries)
+        self._settings = memoryview(self._memory)[:8 * (1 + fields)].cast("q")  # generation, then the values
+        self.named = np.frombuffer(self._memory, np.uint16, entries, offset=8 * (1 + fields))
+        self._seen, self._current = -1, presentation
+        self.set(presentation)
+
+    def current(self) -> Presentation:
+        settings = self._settings
+        generation = settings[0]
+        if generation != self._seen:
+            self._current = self._kind(*settings[1:].tolist())
+            self._seen = generation
+        return self._current
+
+    def set(self, presentation: Presentation) -> None:
+        """The values first, then the generation: a process that sees the new generation sees the new values."""
+        for i, value in enumerate(presentation, 1):
+            self._settings[i] = value
+        self._settings[0] += 1
+
+
 class FanfsFS:
     """Answers the kernel's requests from a store; ``presentation`` chooses the views of layered records."""
 
     def __init__(self, store: Store, presentation: Presentation, on_ready: Callable[[], None]) -> None:
         self.store = store
-        self.presentation = check_presentation(store.index, presentation)
+        self._shown = Shown(store.index.entries, check_presentation(store.index, presentation))
         self.session: ll.Session | None = None
         self._on_ready = on_ready
         ix = store.index
@@ -92,8 +124,7 @@ class FanfsFS:
         for _, entries in self._viewed:
             self._layered[entries] = True
         self._entries = ix.entries
-        # view + 1 that the kernel was last told for a record's name (0: never looked up or invalidated)
-        self._named = np.zeros(self._entries, np.uint16)
+        self._named = self._shown.named
         self._switch_lock = threading.Lock()  # one switch at a time
         self._uid, self._gid = os.getuid(), os.getgid()
         self._entry = ll.EntryParam(attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
@@ -104,6 +135,11 @@ class FanfsFS:
         totals = store.meta["totals"]
         self._statfs = ll.StatVfs(f_bsize=4096, f_frsize=4096, f_blocks=-(-totals["bytes_presented"] // 4096),
                                   f_files=totals["entries"], f_namemax=255)
+
+    @property
+    def presentation(self) -> Presentation:
+        """The presentation now (set by whichever process of the mount switched it last)."""
+        return self._shown.current()
 
     # --- inodes and views ---------------------------------------------------------------------
 
@@ -212,7 +248,7 @@ class FanfsFS:
         """
         check_presentation(self._ix, presentation)
         with self._switch_lock:
-            self.presentation = presentation
+            self._shown.set(presentation)
             invalidated = self._invalidate_stale()
             time.sleep(SETTLE_SECONDS)  # lookups answered just before the switch are in flight: catch them too
             invalidated += self._invalidate_stale()
@@ -251,15 +287,26 @@ INVALIDATE_DELAY = float(os.environ.get("FANFS_DEBUG_INVALIDATE_DELAY", "0") or 
 """Fault injection for tests: seconds to pause between two invalidations of a switch (a slow kernel)."""
 
 
-def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False) -> int:
-    """Mount and serve until unmounted or signalled; returns 0 or the signal that ended the loop."""
+def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False,
+          workers: int = 1, serving: Callable[[ServingProcesses | None], None] = lambda processes: None,
+          counters: Callable[[], dict] = dict) -> int:
+    """Mount and serve until unmounted or signalled; returns 0 or the signal that ended the mount.
+
+    ``workers``: serving processes (:mod:`.workers`); 1 serves from this process's own loop.  ``serving(p)`` is
+    called once they are there (with their handle; None for one loop) and before any request is served,
+    to start this process's threads; ``counters()``: a serving process's own counters.
+    """
     fsname = "fanfs:" + os.path.abspath(store.root).replace("\\", "\\\\").replace(",", "\\,")
     options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs"]
     if allow_other:
         options.append("allow_other")
     session = ll.Session(fs, mountpoint, options, debug=debug)
     try:
-        return session.loop()
+        if workers <= 1:
+            serving(None)
+            return session.loop()
+        processes = ServingProcesses(session, workers, counters, on_exit=fs.close)
+        return processes.run(lambda: serving(processes))
     finally:
         fs.close()
         session.close()

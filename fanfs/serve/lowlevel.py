@@ -89,6 +89,13 @@ class LowLevelOps(ctypes.Structure):
     _fields_ = [(name, _vp) for name in _OPS]
 
 
+class FuseBuf(ctypes.Structure):
+    """``struct fuse_buf`` as of 3.14, with room to spare for fields a later 3.x appends (libfuse writes it)."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", _vp), ("fd", ctypes.c_int),
+                ("pos", ctypes.c_int64), ("_spare", ctypes.c_byte * 64)]
+
+
 SONAME = "libfuse3.so.3"
 SUPPORTED = (300, 316)
 """libfuse 3.0 to 3.16 (``fuse_version()`` 300..316): the soname and API this binding declares.  3.17
@@ -133,6 +140,8 @@ def _load() -> ctypes.CDLL:
                                                 ctypes.POINTER(Stat), ctypes.c_int64]),
         "fuse_lowlevel_notify_inval_entry": (ctypes.c_int, [_vp, c_ino, ctypes.c_char_p, ctypes.c_size_t]),
         "fuse_lowlevel_notify_inval_inode": (ctypes.c_int, [_vp, c_ino, ctypes.c_int64, ctypes.c_int64]),
+        "fuse_session_receive_buf": (ctypes.c_int, [_vp, ctypes.POINTER(FuseBuf)]),
+        "fuse_session_process_buf": (None, [_vp, ctypes.POINTER(FuseBuf)]),
     }
     for fname, (restype, argtypes) in sig.items():
         try:
@@ -149,6 +158,8 @@ def _supported() -> str:
 
 
 _lib = _load()
+_libc = ctypes.CDLL(None)
+_libc.free.argtypes, _libc.free.restype = [_vp], None
 reply_err = _lib.fuse_reply_err
 reply_buf = _lib.fuse_reply_buf
 
@@ -210,7 +221,7 @@ class Session:
                                          ctypes.sizeof(self._ops), None)
         if not self._se:
             raise OSError(errno.EINVAL, f"libfuse refused the mount options {','.join(options)}")
-        self._mounted = False
+        self._mounted = self._ready = False
         self._lock = threading.Lock()
 
     @staticmethod
@@ -222,18 +233,22 @@ class Session:
         return lambda req, *args: answer(req, handler, *args)
 
     def _init(self, userdata: int, conn: int) -> None:
+        self._ready = True
         try:
             self.fs.ready(self)
         except Exception:
             log.exception("init failed")
 
-    def loop(self) -> int:
-        """Mount and serve; returns 0 after an unmount, or the number of the signal that ended the loop."""
+    def mount(self) -> None:
         _close_on_exec()
         failed, reason = _with_stderr(lambda: _lib.fuse_session_mount(self._se, os.fsencode(self.mountpoint)))
         if failed:
             raise MountError(f"cannot mount at {self.mountpoint}: {reason or 'libfuse gave no reason'}")
         self._mounted = True
+
+    def loop(self) -> int:
+        """Mount and serve; returns 0 after an unmount, or the number of the signal that ended the loop."""
+        self.mount()
         # libfuse takes over only signals left at their default action: Python's own (or a caller's)
         # handlers could run only between bytecodes of the main thread, which the loop never returns to.
         main = threading.current_thread() is threading.main_thread()
@@ -246,7 +261,32 @@ class Session:
             _lib.fuse_remove_signal_handlers(self._se)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            with self._lock:
+            self.unmount()
+
+    def serve_until_ready(self) -> None:
+        """Answer the kernel's first requests here until INIT has been answered (before forking the processes
+        that serve the rest: INIT is answered once, by the owner of the session)."""
+        buf = FuseBuf()
+        try:
+            while not self._ready:
+                got = _lib.fuse_session_receive_buf(self._se, ctypes.byref(buf))
+                if got == -errno.EINTR:
+                    continue
+                if got <= 0:
+                    raise MountError(f"the kernel closed the mount at {self.mountpoint} before it served")
+                _lib.fuse_session_process_buf(self._se, ctypes.byref(buf))
+        finally:
+            _libc.free(buf.mem)
+
+    def loop_here(self) -> int:
+        """Serve this process's share of the requests of a mount its parent made (a forked serving process):
+        no signal handling and no unmount, which are the parent's; returns when the mount ends."""
+        return _lib.fuse_session_loop(self._se)
+
+    def unmount(self) -> None:
+        """End the mount now (from the parent of forked serving processes: their loops then end)."""
+        with self._lock:
+            if self._mounted:
                 _lib.fuse_session_unmount(self._se)
                 self._mounted = False
 
