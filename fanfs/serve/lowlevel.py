@@ -20,6 +20,7 @@ import logging
 import os
 import platform
 import signal
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -55,9 +56,37 @@ else:
     raise ImportError(f"fanfs's FUSE binding knows struct stat on x86_64 and aarch64, not {platform.machine()}")
 
 
+if platform.machine() in ("x86_64", "AMD64"):
+    _STAT = struct.Struct("<QQQIIIiQqqqqqqqqq")  # dev ino nlink mode uid gid pad rdev size blksize blocks a/m/ctime
+
+    def _stat_values(ino: int, mode: int, nlink: int, uid: int, gid: int, size: int, sec: int, nsec: int) -> tuple:
+        return (0, ino, nlink, mode, uid, gid, 0, 0, size, 1 << 17, (size + 511) // 512, sec, nsec, sec, nsec, sec, nsec)
+else:
+    _STAT = struct.Struct("<QQIIIIQQqiiqqqqqqq")  # dev ino mode nlink uid gid rdev pad size blksize pad blocks times
+
+    def _stat_values(ino: int, mode: int, nlink: int, uid: int, gid: int, size: int, sec: int, nsec: int) -> tuple:
+        return (0, ino, mode, nlink, uid, gid, 0, 0, size, 1 << 17, 0, (size + 511) // 512, sec, nsec, sec, nsec, sec, nsec)
+
+
+def pack_stat(target: ctypes.Structure, offset: int, ino: int, mode: int, nlink: int, uid: int, gid: int, size: int,
+              mtime_ns: int) -> None:
+    """Write a whole ``struct stat`` into ``target`` at ``offset`` in one call (a ctypes field at a time costs
+    ~0.4 us each: a lookup's attributes were 5 us of its 9)."""
+    sec, nsec = divmod(mtime_ns, 1_000_000_000)
+    _STAT.pack_into(target, offset, *_stat_values(ino, mode, nlink, uid, gid, size, sec, nsec))
+
+
 class EntryParam(ctypes.Structure):
     _fields_ = [("ino", c_ino), ("generation", ctypes.c_uint64), ("attr", Stat),
                 ("attr_timeout", ctypes.c_double), ("entry_timeout", ctypes.c_double)]
+
+
+ATTR_OFFSET = EntryParam.attr.offset
+_INO = struct.Struct("<Q")
+
+
+def set_entry_ino(param: EntryParam, ino: int) -> None:
+    _INO.pack_into(param, 0, ino)
 
 
 class StatVfs(ctypes.Structure):
