@@ -1,59 +1,23 @@
-"""Shared fixtures: run the real ``fanfs`` command and mount real FUSE file systems, always unmounted."""
+"""Shared fixtures: real FUSE mounts, always unmounted; a private runtime directory; the session's real Slurm.
+
+Helpers that are not tests live in ``tests/support/`` (a package) and, when the benchmarks use them
+too, in ``tools/`` (``fanfs_command``: the ``fanfs`` command and mounts; ``photo_samples``,
+``float_samples``, ``photo_folder``): both are put on ``sys.path`` here.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TESTS), str(TESTS.parent / "tools")]
 
-
-def fanfs(*args: str | os.PathLike, check: bool = True, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``python -m fanfs ARGS`` as a user would; returns the completed process."""
-    done = subprocess.run([sys.executable, "-m", "fanfs", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
-    if check and done.returncode != 0:
-        raise AssertionError(f"fanfs {' '.join(map(str, args))} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done
-
-
-def force_unmount(mountpoint: Path) -> None:
-    """Last-resort cleanup: lazy unmount and kill whatever daemon served it."""
-    if os.path.ismount(mountpoint):
-        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
-    for _ in range(100):
-        if not os.path.ismount(mountpoint):
-            break
-        time.sleep(0.05)
-
-
-def daemon_pids(mountpoint: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"fanfs mount .* {mountpoint}"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-@contextlib.contextmanager
-def mounted(store: Path, mountpoint: Path, *options: str):
-    """Mount with the real CLI; unmount (and kill a stuck daemon) however the block ends."""
-    mountpoint.mkdir(parents=True, exist_ok=True)
-    fanfs("mount", store, mountpoint, *options)
-    try:
-        yield mountpoint
-    finally:
-        if os.path.ismount(mountpoint):
-            fanfs("umount", mountpoint, check=False)
-        force_unmount(mountpoint)
-        for pid in daemon_pids(mountpoint):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+from fanfs_command import fanfs, mounted  # noqa: E402
 
 
 @pytest.fixture
@@ -83,15 +47,15 @@ def _isolated_runtime(runtime_dir):
     yield
 
 
-# --- a real Slurm (tests/slurm_cluster.py), for the job script's tests -----------------------------
+# --- a real Slurm (tests/support/slurm_cluster.py), for the job script's tests -----------------------------
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """The session's cluster: started once (well under a second), always shut down with every job."""
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         pytest.skip("needs Debian's slurmctld slurmd slurm-client munge (tools/setup --test installs them)")
-    from slurm_cluster import slurm_cluster
-    from slurm_jobs import NODES
+    from support.slurm_cluster import slurm_cluster
+    from support.slurm_jobs import NODES
     with slurm_cluster(tmp_path_factory.mktemp("slurm"), nodes=NODES) as cluster:
         yield cluster
 
@@ -114,43 +78,5 @@ def time_limited_job(slurm, slurm_plain, tmp_path_factory) -> int:
     """A 3-node job whose training sleeps past ``--time=1``: Slurm checks limits every 30 s, so it ends
     60-90 s after its start.  test_slurm.py asks for it first (it then runs while the other tests do);
     test_time_limit.py, later in the session, looks at how it ended."""
-    from slurm_jobs import submit
+    from support.slurm_jobs import submit
     return submit(slurm, slurm_plain[1], tmp_path_factory.mktemp("limited"), "--sleep", "600", options=("--time=1",))
-
-
-# --- what MPI may leave behind (/dev/shm segments) and what a process holds -----------------------
-
-def fd_targets(pid: int) -> dict[int, str]:
-    """A process's open descriptors and what they name ("socket:[N]", a path, "... (deleted)")."""
-    found = {}
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return found
-    for name in names:
-        try:
-            found[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            pass
-    return found
-
-
-def live_mpi_segments(pids) -> list[str]:
-    """MPICH shared-memory segments still named in /dev/shm that these processes hold open."""
-    return sorted({target for pid in pids for target in fd_targets(pid).values()
-                   if target.startswith("/dev/shm/mpich_shm_") and not target.endswith("(deleted)")})
-
-
-def mpi_segments_since(started: float) -> list[str]:
-    """MPICH segments in /dev/shm made since ``started`` (time.time()) that no process holds any more:
-    what a job left behind.  (Another user's job leaking at the same moment would count too.)"""
-    held = {target for pid in filter(str.isdigit, os.listdir("/proc")) for target in fd_targets(int(pid)).values()}
-    left = []
-    for path in Path("/dev/shm").glob("mpich_shm_*"):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        if max(st.st_mtime, st.st_ctime) >= started - 1 and str(path) not in held:
-            left.append(path.name)
-    return left

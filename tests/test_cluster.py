@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fanfs, force_unmount
+from fanfs_command import fanfs, force_unmount
 
 from fanfs.cluster.placement import place
 from fanfs.records import expand

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fanfs
-from jpeg_samples import make_photo_set
-from trees import make_torture_tree
+from fanfs_command import fanfs
+from photo_samples import make_photo_set
+from support.trees import make_torture_tree
 
 from fanfs.errors import StoreError
 from fanfs.store import Store

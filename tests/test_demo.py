@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import fanfs
+from fanfs_command import fanfs
 
 
 def test_demo_end_to_end(tmp_path):

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fanfs, force_unmount
+from fanfs_command import fanfs, force_unmount
+from support.nobody import RUN_AS_NOBODY
 from test_mount import damaged_copy
 
 
@@ -197,7 +198,7 @@ def test_a_failed_mount_says_libfuse_s_reason_in_one_line(store):
         os.chmod(base, 0o755)
         for path in (base / "mnt", base):
             os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
-        done = subprocess.run([sys.executable, Path(__file__).parent / "as_nobody.py", "mount", base / "store",
+        done = subprocess.run([sys.executable, RUN_AS_NOBODY, "mount", base / "store",
                                base / "mnt", "-o", "allow_other"], capture_output=True, text=True, timeout=60,
                               env={**os.environ, "FANFS_RUNTIME_DIR": str(base / "run")})
         assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fanfs
-from jpeg_samples import BROKEN, ORIENTATION, build_samples
+from fanfs_command import fanfs
+from support.jpeg_samples import BROKEN, ORIENTATION, build_samples
 from PIL import Image, ImageFile
 
 from fanfs.records.jpeg import JpegRecords

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fanfs
+from fanfs_command import fanfs
 from float_samples import make_float_tree, minilm, original_files
 
 from fanfs.errors import StoreError
-from fanfs.records.floatcode import SPECS
-from fanfs.records.floatfile import find_values
+from fanfs.records.floats.coding import SPECS
+from fanfs.records.floats.values import find_values
 from fanfs.records.floats import FloatRecords
 from fanfs.store import FULL, Store
 from fanfs.store.format import INDEX_NAME, read_index, write_index

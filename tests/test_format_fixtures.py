@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fanfs
+from fanfs_command import fanfs
 
 from fanfs.records.jpeg import decode_pixels
 from fanfs.store import Store

@@ -1,6 +1,6 @@
 """Issue 17.10: no request is left unanswered and no reply outlives its session, whatever a handler raises.
 
-Each test runs a real mount (tests/fault_daemon.py: fanfs's own FUSE front, in the foreground) with one
+Each test runs a real mount (tests/support/fault_daemon.py: fanfs's own FUSE front, in the foreground) with one
 fault injected, and reads it from another process with a timeout: a request never answered is a reader
 hanging for ever, which the timeout turns into a failure.
 """
@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fanfs, force_unmount
+from fanfs_command import fanfs, force_unmount
 
-DAEMON = Path(__file__).resolve().parent / "fault_daemon.py"
+DAEMON = Path(__file__).resolve().parent / "support" / "fault_daemon.py"
 
 
 @pytest.fixture(scope="module")

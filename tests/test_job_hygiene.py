@@ -14,7 +14,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import fanfs, fd_targets, live_mpi_segments, mpi_segments_since
+from fanfs_command import fanfs
+from support.processes import fd_targets, live_mpi_segments, mpi_segments_since
 from test_cluster import MPIEXEC, NODES, Job, assert_exact, dataset, finish, mpiexec  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip mpich's mpiexec (tools/setup --test)")

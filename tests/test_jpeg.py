@@ -11,14 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from fanfs.records.jpegfile import EOI, JpegError, looks_like_jpeg, present, presented_size, split_layers
-from fanfs.records.scans import ScanScript
-from fanfs.records.transcode import to_progressive
+from fanfs.records.jpeg.markers import EOI, JpegError, looks_like_jpeg, present, presented_size, split_layers
+from fanfs.records.jpeg.scans import ScanScript
+from fanfs.records.jpeg.transcode import to_progressive
 
-try:
-    from jpeg_samples import ALL_NAMES, BROKEN, ORIENTATION, build_samples
-except ImportError:  # tests/ imported as a package
-    from tests.jpeg_samples import ALL_NAMES, BROKEN, ORIENTATION, build_samples
+from support.jpeg_samples import ALL_NAMES, BROKEN, ORIENTATION, build_samples
 
 assert not ImageFile.LOAD_TRUNCATED_IMAGES
 needs_jpegtran = pytest.mark.skipif(shutil.which("jpegtran") is None, reason="jpegtran not installed")

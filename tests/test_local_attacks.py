@@ -14,14 +14,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import fanfs, force_unmount
+from fanfs_command import fanfs, force_unmount
+from support.nobody import as_nobody
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                                 reason="needs root and setpriv to act as another user")
-
-
-def as_nobody(*command: str) -> None:
-    subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *command], check=True)
 
 
 @pytest.fixture

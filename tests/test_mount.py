@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import daemon_pids, fanfs, force_unmount
-from trees import SPARSE_SIZE, make_torture_tree, sha256_file, tree_listing
+from fanfs_command import daemon_pids, fanfs, force_unmount
+from support.trees import SPARSE_SIZE, make_torture_tree, sha256_file, tree_listing
 
 from fanfs.store.format import SHARD_DIR, shard_name
 from fanfs.store import Store

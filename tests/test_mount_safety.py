@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import daemon_pids, fanfs, force_unmount
-from jpeg_samples import make_photo_set
+from fanfs_command import daemon_pids, fanfs, force_unmount
+from photo_samples import make_photo_set
 
 from fanfs.errors import FanfsError
 from fanfs.serve.control import request, socket_path

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fanfs
+from fanfs_command import fanfs
 
-from fanfs.build.destination import PARTIAL_MARKER
+from fanfs.pack.destination import PARTIAL_MARKER
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -71,7 +71,7 @@ def test_force_replaces_only_a_store_or_an_empty_directory(outer, tmp_path):
 
 def _write_marker(directory: Path, pid: int, host: str | None = None) -> None:
     directory.mkdir()
-    from fanfs.build.destination import _boot_id
+    from fanfs.pack.destination import _boot_id
     (directory / PARTIAL_MARKER).write_text(json.dumps({"host": host or socket.gethostname(), "pid": pid,
                                                         "boot": _boot_id()}))
 

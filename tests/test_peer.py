@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 import xxhash
-from conftest import fanfs
+from fanfs_command import fanfs
 
 from fanfs.cluster import peerserver
 from fanfs.cluster.peer import PeerClient, listen

@@ -5,14 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fanfs.records.jpegfile import present, split_layers
-from fanfs.records.transcode import to_progressive
+from fanfs.records.jpeg.markers import present, split_layers
+from fanfs.records.jpeg.transcode import to_progressive
 from fanfs.tune.quality import decode, ms_ssim, ssim
 
-try:
-    from jpeg_samples import build_samples
-except ImportError:  # tests/ imported as a package
-    from tests.jpeg_samples import build_samples
+from support.jpeg_samples import build_samples
 
 
 @pytest.fixture(scope="module")

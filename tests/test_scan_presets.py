@@ -12,14 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fanfs
-from jpeg_samples import build_samples, make_photo_set
+from fanfs_command import fanfs
+from support.jpeg_samples import build_samples
+from photo_samples import make_photo_set
 from PIL import Image, ImageFile
 
 from fanfs.records.jpeg import decode_pixels
-from fanfs.records.jpegfile import present, split_layers
-from fanfs.records.scans import DEFAULT_SCANS, PRESETS, SCAN_CHOICES, ScanScript, scan_script
-from fanfs.records.transcode import to_progressive
+from fanfs.records.jpeg.markers import present, split_layers
+from fanfs.records.jpeg.scans import DEFAULT_SCANS, PRESETS, SCAN_CHOICES, ScanScript, scan_script
+from fanfs.records.jpeg.transcode import to_progressive
 from fanfs.store import Store
 
 assert not ImageFile.LOAD_TRUNCATED_IMAGES  # a presented JPEG must be complete, not tolerated

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fanfs
+from fanfs_command import fanfs
 
 from fanfs.errors import UsageError
 from fanfs.records import FULL
 from fanfs.serve.control import presenter
-from fanfs.tune.schedule import PlateauSchedule
+from fanfs.tune.plateau import PlateauSchedule
 
 
 def test_schedule_raises_after_patience_without_improvement():

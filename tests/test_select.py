@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fanfs
-from trees import sha256_file
+from fanfs_command import fanfs
+from support.trees import sha256_file
 
-from fanfs.build.classify import CLASSES, classify, float_width
+from fanfs.pack.classify import CLASSES, classify, float_width
 from fanfs.codecs import BytePlanes, CodecError, codec_from_config
-from fanfs.build.plan import Plan, PlanError
-from fanfs.build.select import Demand, SelectError, make_plan, parse_rate, select
-from fanfs.build.select.decide import TIE, decide
+from fanfs.pack.plan import Plan, PlanError
+from fanfs.pack.select import Demand, SelectError, make_plan, parse_rate, select
+from fanfs.pack.select.decide import TIE, decide
 from fanfs.store import Store
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -1,7 +1,7 @@
 """slurm/train.sbatch under a real Slurm: a controller and three slurmd (n1..n3) on this host.
 
 Every job is submitted exactly as the README says (``sbatch -N 3 slurm/train.sbatch STORE COMMAND...``)
-with ``fanfs`` on PATH, and its training command is ``tests/slurm_task.py``, run as one task per node.
+with ``fanfs`` on PATH, and its training command is ``tests/support/slurm_task.py``, run as one task per node.
 After every job, whatever its end, nothing of it may be left: no mount, no process, no directory.
 """
 
@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fanfs
-from slurm_jobs import NODES, assert_nothing_left, leftovers, reports, submit
+from fanfs_command import fanfs
+from support.slurm_jobs import NODES, assert_nothing_left, leftovers, reports, submit
 
 from fanfs.records import FULL
 
@@ -182,7 +182,7 @@ def test_only_whole_references_to_fanfs_mnt_are_replaced():
 def test_another_user_can_neither_refuse_a_job_nor_plant_its_directory(slurm, slurm_plain, tmp_path):
     """nobody makes the directories a job would have used (the former fanfs-JOBID-NODE) in a shared
     FANFS_LOCAL, and look-alikes of the new ones holding a mnt/: the job runs, and its tasks find their own."""
-    from test_local_attacks import as_nobody
+    from support.nobody import as_nobody
     src, store = slurm_plain
     local = Path(tempfile.mkdtemp(prefix="fanfs-test-local-", dir="/tmp"))
     os.chmod(local, 0o1777)

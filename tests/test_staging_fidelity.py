@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import fanfs, force_unmount
+from fanfs_command import fanfs, force_unmount
 from test_cluster import NODES, Job, finish, mpiexec
 
 from fanfs.cluster.placement import place

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xxhash
-from conftest import fanfs
-from jpeg_samples import make_photo_set
+from fanfs_command import fanfs
+from photo_samples import make_photo_set
 from PIL import Image
 
 from fanfs.serve.control import request

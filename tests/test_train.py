@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fanfs
-from jpeg_samples import make_photo_set
+from fanfs_command import fanfs
+from photo_samples import make_photo_set
 
 from fanfs.errors import FanfsError, UsageError
 from fanfs.records import FULL
@@ -36,7 +36,7 @@ CLASSES, PER_CLASS, CROP = 4, 12, 32
 
 
 def photos(root: Path) -> PhotoFolder:
-    """What a user writes (tests/photo_folder.py), at this test's crop."""
+    """What a user writes (tools/photo_folder.py), at this test's crop."""
     return PhotoFolder(root, CROP)
 
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import daemon_pids, fanfs, force_unmount
+from fanfs_command import daemon_pids, fanfs, force_unmount
 
 from fanfs.serve.control import log_path, request
 

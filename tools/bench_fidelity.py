@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issues 3 and 13 figures: what a lower fidelity buys, and what each scan-script preset costs.
 
-One run: make N distinct real-photo JPEGs (baseline; by default ``tests/jpeg_samples.make_photo_set``:
+One run: make N distinct real-photo JPEGs (baseline; by default ``tools/photo_samples.make_photo_set``:
 random crops of shipped photos, 250-500 px, qualities 75-95, a seventh grayscale and a fifth 4:4:4;
 ``--size-kb`` for colour 4:2:0 ones of about that size instead), then
 
@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, common_args, fanfs, fanfs_mount, load_average, make_jpegs, median, table, temp_dir, write_json  # noqa: E402
+from benchlib import common_args, fanfs, fanfs_mount, load_average, make_jpegs, median, table, temp_dir, write_json  # noqa: E402
 
-sys.path[:0] = [str(REPO), str(REPO / "tests")]  # this checkout's fanfs, as the fanfs commands run it
-from jpeg_samples import make_photo_set  # noqa: E402
+from photo_samples import make_photo_set  # noqa: E402
 
 from fanfs.tune.fidelity import FidelityCurve, format_curve  # noqa: E402
 

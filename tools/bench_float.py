@@ -26,13 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent),
-                str(Path(__file__).resolve().parent.parent / "tests")]  # this checkout's fanfs, benchlib, samples
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (which puts this checkout's fanfs first)
 from benchlib import common_args, fanfs, fanfs_mount, load_average, median, table, temp_dir, write_json  # noqa: E402
 from float_samples import minilm, read_safetensors, silero, to_bf16, wordllama, write_safetensors  # noqa: E402
 
-from fanfs.records.floatcode import SPECS  # noqa: E402
-from fanfs.records.floatfile import find_values  # noqa: E402
+from fanfs.records.floats.coding import SPECS  # noqa: E402
+from fanfs.records.floats.values import find_values  # noqa: E402
 from fanfs.store import FULL, Store  # noqa: E402
 
 METHODS = (("zstd:3", []), ("planes+zstd:3", None), ("float lossless", ["--float-records"]),

@@ -29,8 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fanfs.build.select import Demand, format_report, make_plan, parse_rate, plot, select  # noqa: E402
-from fanfs.build.select.decide import decide  # noqa: E402
+from fanfs.pack.select import Demand, format_report, make_plan, parse_rate, plot, select  # noqa: E402
+from fanfs.pack.select.decide import decide  # noqa: E402
 
 CLASS_DIRS = {"text": "text", "jpeg": "photos_jpeg", "png": "photos_png", "float": "arrays"}
 

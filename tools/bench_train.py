@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 13 figures: what fidelity does for a real PyTorch training loader, and what choosing it costs.
 
-N real-photo JPEGs (``tests/jpeg_samples.py``) in 10 classes, read as a new user would: a hand-written
+N real-photo JPEGs (``tools/photo_samples.py``) in 10 classes, read as a new user would: a hand-written
 ImageFolder (PIL open + convert('RGB'), a random 64x64 crop, to tensor) through
 ``DataLoader(num_workers=4, batch_size=64, shuffle=True)``, one epoch, no model.  Images/s of that first
 epoch and MB read from storage, for the native originals, a mount of a plain store, and a mount of a
@@ -25,11 +25,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (REPO, common_args, fanfs, fanfs_mount, load_average, median, table, temp_dir,  # noqa: E402
+from benchlib import (common_args, fanfs, fanfs_mount, load_average, median, table, temp_dir,  # noqa: E402
                       wait_for_quiet, write_json)
 
-sys.path.insert(0, str(REPO / "tests"))
-from jpeg_samples import make_photo_set  # noqa: E402
+from photo_samples import make_photo_set  # noqa: E402
 from photo_folder import PhotoFolder  # noqa: E402
 
 from fanfs.records import FULL  # noqa: E402

@@ -38,7 +38,7 @@ model weights and arrays (.npy, safetensors) at a chosen precision:
 def build_parser() -> "argparse.ArgumentParser":
     import argparse
 
-    from . import build, inspect, job, serve
+    from . import inspect, job, pack, serve
     parser = argparse.ArgumentParser(prog="fanfs", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"fanfs {__version__}")
@@ -49,7 +49,7 @@ def build_parser() -> "argparse.ArgumentParser":
         p.set_defaults(func=func)
         return p
 
-    build.add_commands(command)
+    pack.add_commands(command)
     serve.add_commands(command)
     inspect.add_commands(command)
     job.add_commands(command)

@@ -18,16 +18,16 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from ..build.pack import PackOptions, pack
+    from ..pack.pack import PackOptions, pack
     from ..codecs import parse_codec
     from ..records.jpeg import JpegRecords
-    from ..records.scans import DEFAULT_SCANS
+    from ..records.jpeg.scans import DEFAULT_SCANS
     options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=args.jobs,
                           force=args.force, progress=not args.quiet)
     if args.progressive_jpeg or args.scan_script is not None:
         options.kinds.append(JpegRecords(DEFAULT_SCANS if args.scan_script is None else args.scan_script))
     if args.plan:
-        from ..build.plan import Plan
+        from ..pack.plan import Plan
         options.plan = Plan.load(args.plan)
     floats = _float_records(args, options.plan)
     if floats is not None:
@@ -84,7 +84,7 @@ def _float_records(args: argparse.Namespace, plan: object) -> "RecordKind | None
 
 
 def cmd_select(args: argparse.Namespace) -> int:
-    from ..build.select import Demand, format_report, make_plan, parse_fraction, parse_rate, plot, select, selection_json
+    from ..pack.select import Demand, format_report, make_plan, parse_fraction, parse_rate, plot, select, selection_json
     demand = Demand(mode=args.mode, rate=parse_rate(args.rate) if args.rate else None,
                     samples_per_sec=args.samples_per_sec, threads=args.threads, overhead=parse_fraction(args.overhead),
                     headroom=parse_fraction(args.headroom), capacity=args.capacity, nodes=args.nodes,

@@ -273,7 +273,7 @@ def _write_index(tmp: str, tree: Tree, opts: PackOptions, store_id: bytes, codec
         "codecs": [c.get_config() for c in codecs],
         "codec_stats": {str(c): {"files": v[0], "raw": v[1], "stored": v[2]} for c, v in sorted(stats.items())},
         "records": records,
-        "plan": opts.plan.describe() if opts.plan else None,  # class -> codec index (fanfs.build.plan)
+        "plan": opts.plan.describe() if opts.plan else None,  # class -> codec index (fanfs.pack.plan)
         "totals": {"entries": n, "files": len(files), "dirs": tree.type.count(0), "symlinks": len(tree.targets),
                    "bytes_in": bytes_in, "bytes_presented": int(cols["size"][file_rows].sum()),
                    "bytes_stored": bytes_stored, "shards": len(results)},

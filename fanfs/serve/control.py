@@ -120,7 +120,7 @@ def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> 
 def presenter(mountpoint: str, setting: str) -> Callable[[int], dict[str, Any]]:
     """``apply(value)``: set one presentation setting (``precision``, ``fidelity``) of a running mount.
 
-    Files opened afterwards get it; what is open keeps its bytes.  For :class:`fanfs.tune.schedule.PlateauSchedule`,
+    Files opened afterwards get it; what is open keeps its bytes.  For :class:`fanfs.tune.plateau.PlateauSchedule`,
     from the training process (DataLoader workers need nothing: they open files after the change).
     """
     if setting not in Presentation._fields:

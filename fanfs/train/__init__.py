@@ -6,6 +6,6 @@ torch is imported only when a function needs it (``pip install fanfs[torch]``).
 """
 
 from .gradient import FidelityChoice, choose_fidelity
-from .schedule import fidelity_levels, fidelity_schedule
+from .fidelity_schedule import fidelity_levels, fidelity_schedule
 
 __all__ = ["FidelityChoice", "choose_fidelity", "fidelity_levels", "fidelity_schedule"]

@@ -1,7 +1,7 @@
 """A fidelity schedule: start a job at a low fidelity and raise it when the training loss stops improving.
 
 In the spirit of *Reducing Data Motion to Accelerate the Training of DNNs* (Zhuang, Malossi, Casas
-2020): early epochs read fewer bytes of every image.  It is :class:`fanfs.tune.schedule.PlateauSchedule`
+2020): early epochs read fewer bytes of every image.  It is :class:`fanfs.tune.plateau.PlateauSchedule`
 (the same object that raises the precision of float records) applied to the mount's ``fidelity``; the
 levels default to the fidelities at which the store's JPEG records present a quarter, half and three
 quarters of their bytes, then full.  The training loop calls it once per epoch (or per window of steps)::
@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import UsageError
 from ..records import FULL
 from ..serve.control import presenter
-from ..tune.schedule import PlateauSchedule
+from ..tune.plateau import PlateauSchedule
 from .mount import jpeg_records, mount_status
 
 BYTE_STEPS = (0.25, 0.5, 0.75)

@@ -1,6 +1,6 @@
 """Build a small set of real-photo JPEG samples for the JPEG and quality tests.
 
-The originals are photos shipped by installed packages; the variants are re-encoded from real
+The originals are photos shipped by installed packages (tools/photo_samples.py); the variants are re-encoded from real
 photo pixels so that each one exercises one code path (subsampling, markers, restarts, CMYK,
 broken files). A missing package just means fewer samples.
 """
@@ -15,37 +15,14 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageCms
+from photo_samples import PHOTO_SOURCES, photo_paths
 
-# name -> (package, path inside the package)
-PHOTO_SOURCES = {
-    "china": ("sklearn", "datasets/images/china.jpg"),
-    "flower": ("sklearn", "datasets/images/flower.jpg"),
-    "rocket": ("skimage", "data/rocket.jpg"),
-    "retina": ("skimage", "data/retina.jpg"),
-    "hubble": ("skimage", "data/hubble_deep_field.jpg"),
-    "grace_hopper": ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
-}
 VARIANTS = ("gray", "s444", "s420", "exif_orient6", "icc", "restart", "progressive", "cmyk",
             "exif_thumb", "truncated", "fake")
 ALL_NAMES = tuple(f"photo_{n}" for n in PHOTO_SOURCES) + VARIANTS
 # Samples that must be refused: they are not (complete) JPEGs.
 BROKEN = ("truncated", "fake")
 ORIENTATION = 0x0112
-
-
-def _package_file(package: str, rel: str) -> Path | None:
-    try:
-        mod = __import__(package)
-    except ImportError:
-        return None
-    path = Path(mod.__file__).parent / rel
-    return path if path.is_file() else None
-
-
-def photo_paths() -> dict[str, Path]:
-    """The shipped photos that are installed here."""
-    found = {name: _package_file(*src) for name, src in PHOTO_SOURCES.items()}
-    return {name: p for name, p in found.items() if p is not None}
 
 
 def _save(im: Image.Image, path: Path, **kw) -> Path:
@@ -114,26 +91,4 @@ def build_samples(dst: Path) -> dict[str, Path]:
     rng = np.random.default_rng(0)
     (dst / "fake.jpg").write_bytes(b"\xff\xd8\xff\xe0" + rng.bytes(20000))
     out["fake"] = dst / "fake.jpg"
-    return out
-
-
-def make_photo_set(dst: Path, count: int, seed: int = 0) -> list[Path]:
-    """``count`` distinct real-photo JPEGs (random crops of the shipped photos, ~250-500 px, qualities
-    75-95, some grayscale, some 4:4:4): an ImageNet-like folder for tests that need many images."""
-    dst.mkdir(parents=True, exist_ok=True)
-    photos = [Image.open(p).convert("RGB") for p in photo_paths().values()]
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(count):
-        im = photos[int(rng.integers(len(photos)))]
-        w, h = im.size
-        cw, ch = int(rng.integers(w // 3, w)), int(rng.integers(h // 3, h))
-        x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-        crop = im.crop((x, y, x + cw, y + ch))
-        crop.thumbnail((int(rng.integers(250, 500)),) * 2)
-        if i % 7 == 3:
-            crop = crop.convert("L")
-        path = dst / f"img_{i:05d}.jpg"
-        crop.save(path, "JPEG", quality=int(rng.integers(75, 96)), subsampling=0 if i % 5 == 1 else 2)
-        out.append(path)
     return out

@@ -1,4 +1,4 @@
-"""Jobs under the tests' real Slurm (tests/slurm_cluster.py; its fixtures are in tests/conftest.py):
+"""Jobs under the tests' real Slurm (tests/support/slurm_cluster.py; its fixtures are in tests/conftest.py):
 submitting slurm/train.sbatch as the README says, and looking for anything a job left behind."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import mpi_segments_since
+from .processes import mpi_segments_since
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "slurm" / "train.sbatch"
 TASK = Path(__file__).resolve().parent / "slurm_task.py"
 NODES = 3

@@ -14,7 +14,7 @@ import struct
 from typing import Any
 
 from ...codecs import Codec, Zstd
-from ...records.floatcode import ELF_DTYPES, SPECS, Coding, elf_bits
+from ...records.floats.coding import ELF_DTYPES, SPECS, Coding, elf_bits
 from ...records.floats import record_label
 
 _SIZES = struct.Struct("<II")  # raw and stored size of each blob in a probe's output

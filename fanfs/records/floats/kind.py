@@ -2,7 +2,7 @@
 
 Byte planes are layers: the first k planes of every value, most significant first, are a coarser but
 valid float, and in a layer-major shard they are a prefix.  So a mount presents a float record at a
-*precision* (its first ``8k`` bits, :mod:`.floatcode` fills the rest) and reads only k planes from
+*precision* (its first ``8k`` bits, :mod:`.coding` fills the rest) and reads only k planes from
 storage, exactly as it presents a JPEG record's first K scans.  The file keeps its size at every
 precision: header bytes and other tensors are always there, so ``np.load``, ``safetensors`` and
 ``mmap`` work unchanged.
@@ -29,12 +29,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..errors import DataError
-from .base import FULL, Columns, Packed, Presentation, Reader, RecordKind, register
-from .floatcode import ELF_DTYPES, SPECS, Coding, SideError, elf_bits
-from .floatfile import find_values, sniff
-from .floatrecord import HEADER, Layout, RecordWriter, parse_layout
-from .plain import CHUNK_SIZE
+from ...errors import DataError
+from ..base import FULL, Columns, Packed, Presentation, Reader, RecordKind, register
+from .coding import ELF_DTYPES, SPECS, Coding, SideError, elf_bits
+from .values import find_values, sniff
+from .layout import HEADER, Layout, RecordWriter, parse_layout
+from ..plain import CHUNK_SIZE
 
 MAX_PLANES = 8
 

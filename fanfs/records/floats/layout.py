@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs import Zstd
-from ..util.checksum import Digest
-from .base import Columns
-from .floatcode import ELF_DTYPES, SPECS, Coding
-from .floatfile import ValueMap
+from ...codecs import Zstd
+from ...util.checksum import Digest
+from ..base import Columns
+from .coding import ELF_DTYPES, SPECS, Coding
+from .values import ValueMap
 
 HEADER = struct.Struct("<8sBBBBBxxxIIQQd")  # magic, version, ELF?, dtype, planes, mbits, chunk values,
 _MAGIC = b"FANFSFLT"                      # segments, values, non-value bytes, ELF bound

@@ -1,7 +1,7 @@
 """Progressive JPEG records (PCR, Kuchnik et al., VLDB 2021): a JPEG as layers, one per scan.
 
 At pack time a baseline (or progressive) JPEG is losslessly transcoded to progressive and cut at scan
-boundaries (:mod:`.transcode`, :mod:`.jpegfile`); layer 0 carries the headers and the first scan.  At
+boundaries (:mod:`.transcode`, :mod:`.markers`); layer 0 carries the headers and the first scan.  At
 view K a mount presents the first K layers closed by an EOI marker: a smaller, still valid JPEG whose
 decode is a coarser image.  Layers are stored as they are (scans are entropy-coded already).
 """
@@ -13,9 +13,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..util.checksum import checksum
-from .base import Columns, FULL, Packed, Presentation, Reader, RecordKind, expand, read_all, register
-from .jpegfile import EOI, JpegError, looks_like_jpeg, split_layers
+from ...util.checksum import checksum
+from ..base import Columns, FULL, Packed, Presentation, Reader, RecordKind, expand, read_all, register
+from .markers import EOI, JpegError, looks_like_jpeg, split_layers
 from .scans import DEFAULT_SCANS, LIBJPEG, scan_script
 from .transcode import to_progressive
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from ..errors import FanfsError
+from ...errors import FanfsError
 
 EOI = b"\xff\xd9"
 SOI = b"\xff\xd8"

@@ -8,9 +8,9 @@ import os
 import re
 from pathlib import Path
 
-from ..errors import FanfsError
-from ..util.files import read_regular
-from .jpegfile import JpegError
+from ...errors import FanfsError
+from ...util.files import read_regular
+from .markers import JpegError
 
 _MAX_AH_AL = 10  # libjpeg's limit for 8-bit samples
 

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import threading
 
-from .jpegfile import JpegError, looks_like_jpeg, sof_components, split_layers
+from .markers import JpegError, looks_like_jpeg, sof_components, split_layers
 from .scans import ScanScript
 
 TJXOP_NONE = 0

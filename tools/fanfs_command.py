@@ -1,0 +1,64 @@
+"""The ``fanfs`` command run as a user runs it, and mounts made with it that always go away.
+
+Shared by the tests and the benchmarks (tools/ imports only fanfs and its own modules; tests may
+import tools/).  Importing this module makes this checkout's fanfs the one every ``fanfs`` command
+started from here runs (``PYTHONPATH``), whatever the virtualenv has installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FANFS = [sys.executable, "-m", "fanfs"]
+
+if sys.path[:1] != [str(REPO)]:
+    sys.path.insert(0, str(REPO))
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(REPO):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+
+def fanfs(*args: str | os.PathLike, check: bool = True, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``python -m fanfs ARGS`` as a user would; returns the completed process."""
+    done = subprocess.run([*FANFS, *map(str, args)], capture_output=True, text=True, timeout=timeout, **kwargs)
+    if check and done.returncode != 0:
+        raise AssertionError(f"fanfs {' '.join(map(str, args))} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def force_unmount(mountpoint: Path) -> None:
+    """Last-resort cleanup: lazy unmount and kill whatever daemon served it."""
+    if os.path.ismount(mountpoint):
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
+    for _ in range(100):
+        if not os.path.ismount(mountpoint):
+            break
+        time.sleep(0.05)
+
+
+def daemon_pids(mountpoint: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"fanfs mount .* {mountpoint}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@contextlib.contextmanager
+def mounted(store: Path, mountpoint: Path, *options: str) -> Iterator[Path]:
+    """Mount with the real CLI; unmount (and kill a stuck daemon) however the block ends."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    fanfs("mount", store, mountpoint, *options)
+    try:
+        yield mountpoint
+    finally:
+        if os.path.ismount(mountpoint):
+            fanfs("umount", mountpoint, check=False)
+        force_unmount(mountpoint)
+        for pid in daemon_pids(mountpoint):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
