@@ -243,4 +243,4 @@ def test_a_blob_that_decodes_to_the_wrong_size_is_eio_and_logged_once(store, tmp
                 (mnt / "d" / "f3.txt").read_bytes()
             assert info.value.errno == errno.EIO
         log = Path(log_path(mnt)).read_text()
-    assert log.count(f"EIO d/f3.txt (shard") == 1 and "decoded 5 bytes, expected 35000" in log, log
+    assert log.count("EIO d/f3.txt (shard") == 1 and "decoded 5 bytes, expected 35000" in log, log

@@ -7,7 +7,6 @@ hanging for ever, which the timeout turns into a failure.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

@@ -24,7 +24,7 @@ from fanfs_command import fanfs
 from fanfs.cluster import peerserver
 from fanfs.cluster.peer import PeerClient, listen
 from fanfs.cluster.peerserver import PeerServer
-from fanfs.cluster.peerwire import (BYE, CLIENT_PROOF, HELLO, MAGIC, OK, READ, REPLY, REQUEST, SERVER_PROOF,
+from fanfs.cluster.peerwire import (BYE, CLIENT_PROOF, HELLO, MAGIC, OK, REPLY, REQUEST, SERVER_PROOF,
                                     NodeKey, ServerHandshake, connect)
 from fanfs.cluster.placement import place
 from fanfs.store import Store

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -125,7 +126,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        if value != value:
+        if math.isnan(value):
             return "-"
         return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
     if isinstance(value, int):

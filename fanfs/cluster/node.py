@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import FanfsError, StoreError
 from ..records import FULL, Presentation, blobs_read, check_presentation
 from ..serve.control import MountLock
-from ..serve.daemon import Hooks, MountOptions, check_mountpoint, detach, mounted, opened_paths, setup_logging, start
+from ..serve.daemon import Hooks, check_mountpoint, detach, mounted, opened_paths, setup_logging, start
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index

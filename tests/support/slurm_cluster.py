@@ -52,7 +52,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, NamedTuple, Sequence
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 __all__ = ["slurm_cluster", "SlurmCluster", "JobResult", "SlurmError", "FINAL_STATES", "kill_stale_clusters"]
 

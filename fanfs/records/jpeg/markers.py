@@ -7,7 +7,7 @@ form a smaller, still valid JPEG (fidelity k).  Pure library: no store knowledge
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from ...errors import FanfsError
 
