@@ -10,9 +10,14 @@ Every import counts, those inside functions too.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "fanfs"
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "fanfs"
 RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "pack": 4, "tune": 4, "serve": 5, "cluster": 6, "train": 6,
         "cli": 7}
 GROUP = {"fanfs": "base", "errors": "base", "util": "base", "__main__": "cli"}  # modules that belong to a layer
@@ -95,3 +100,11 @@ def test_no_import_cycles():
 def test_modules_are_short():
     long = {module_name(p): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def test_ruff_passes():
+    """ruff's default rules, less those pyproject.toml leaves out, over the package, the tools and the tests."""
+    pytest.importorskip("ruff")
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "fanfs", "tools", "tests"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
