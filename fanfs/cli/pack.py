@@ -89,6 +89,9 @@ def cmd_select(args: argparse.Namespace) -> int:
                     samples_per_sec=args.samples_per_sec, threads=args.threads, overhead=parse_fraction(args.overhead),
                     headroom=parse_fraction(args.headroom), capacity=args.capacity, nodes=args.nodes,
                     replicas=args.replicas)
+    if args.plot:
+        from ..util.plots import pyplot
+        pyplot()  # matplotlib is an extra: say so before measuring, not after
     fraction = parse_fraction(args.sample)
     if not 0 < fraction <= 1:
         raise ValueError(f"--sample must be more than 0% and at most 100%, not {args.sample}")

@@ -1,6 +1,7 @@
 """A small built-in dataset: an ImageFolder of real-photo JPEGs plus the odds and ends of a real tree.
 
-The photo is the one matplotlib ships (a runtime dependency), so the sample needs no download.
+The photo (``grace_hopper.jpg``, a U.S. Navy portrait in the public domain, the one matplotlib ships
+among its sample data) comes with fanfs, so the sample needs no download and no extra.
 Crops, flips and scales re-encoded as baseline JPEGs give ImageNet-like files (~30-120 KB).
 """
 
@@ -19,9 +20,8 @@ CLASSES = ("n01440764", "n01443537", "n01484850", "n01491361")
 
 
 def _photo() -> "PIL.Image.Image":
-    import matplotlib
     from PIL import Image
-    return Image.open(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg").convert("RGB")
+    return Image.open(Path(__file__).with_name("grace_hopper.jpg")).convert("RGB")
 
 
 def make_sample(root: str | os.PathLike, images_per_class: int = 30, seed: int = 0) -> Path:

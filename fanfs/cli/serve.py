@@ -122,6 +122,9 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 def cmd_fidelity(args: argparse.Namespace) -> int:
     from ..store import Store
     from ..tune.fidelity import analyse, format_curve, plot_curve
+    from ..util.plots import pyplot
+    if args.plot:
+        pyplot()  # matplotlib is an extra: say so before measuring, not after
     store = Store(args.store, check_shards=False)
     if args.source and not args.timed:
         raise UsageError("--source compares decode speeds: it needs --timed above 0")

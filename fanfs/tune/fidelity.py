@@ -22,6 +22,7 @@ from ..records import FULL
 from ..records.jpeg import MAX_SIZE, JpegRecords
 from ..store import Store
 from ..util.files import read_regular
+from ..util.plots import pyplot
 from ..util.progress import Progress
 from ..util.runtime import create_private, runtime_dir
 from ..util.workers import process_pool
@@ -222,9 +223,7 @@ def format_curve(curve: FidelityCurve, min_ssim: float) -> str:
 
 def plot_curve(curve: FidelityCurve, min_ssim: float, path: str) -> None:
     """Quality and bytes per K; below them, when timed, the decode speed per K."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     timed = bool(curve.decode_vs_full)
     fig, axes = plt.subplots(2 if timed else 1, 1, figsize=(7, 7 if timed else 4.2), dpi=120, sharex=True,
                              squeeze=False, gridspec_kw={"height_ratios": [3, 2]} if timed else None)

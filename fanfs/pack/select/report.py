@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...util.plots import pyplot
 from ...util.units import human_size
 from .decide import Selection, rate_text
 from .measure import MB
@@ -74,10 +75,7 @@ def format_report(sel: Selection) -> str:
 
 
 def plot(sel: Selection, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     measured = [cr for cr in sel.classes if cr.candidates]
     n = max(1, len(measured))
     cols = min(3, n)
