@@ -15,7 +15,6 @@ memory).  Goal: first stat <= 1 s after launch, daemon <= 150 MB.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import subprocess
 import sys
@@ -26,12 +25,12 @@ from pathlib import Path
 import numpy as np
 
 import benchlib as bl
-from fanfs import __version__
 from fanfs.codecs import Raw
 from fanfs.records.plain import CHUNK_SIZE
 from fanfs.store import Store
-from fanfs.store.format import DIR, FILE, FORMAT_VERSION, INDEX_NAME, SHARD_DIR, SHARD_HEADER, shard_header, shard_name
+from fanfs.store.format import DIR, FILE, INDEX_NAME, SHARD_DIR, SHARD_HEADER, shard_header, shard_name
 from fanfs.store.index import build_index
+from fanfs.store.schema import BLOB_COLUMNS, ENTRY_COLUMNS, SHARD_COLUMNS, header, new_columns
 from fanfs.store.trust import RECORD_NAME
 
 GOAL_SECONDS, GOAL_BYTES = 1.0, 150 * 2**20
@@ -51,9 +50,7 @@ def synthesise(store: Path, files: int, dirs: int, shards: int, seed: int = 0) -
     n_entries, base = len(paths), 2 + dirs  # entries: root, train, class dirs, then every file
     sizes = np.clip(rng.lognormal(np.log(100_000), 0.45, files), 2_000, CHUNK_SIZE).astype(np.uint64)
 
-    cols = {k: np.zeros(n_entries, t) for k, t in (("parent", np.uint32), ("type", np.uint8), ("record", np.uint8),
-            ("mode", np.uint32), ("mtime", np.int64), ("size", np.uint64), ("first", np.uint64), ("count", np.uint32),
-            ("layers", np.uint16), ("codec", np.uint8), ("shard", np.uint32), ("checksum", np.uint64))}
+    cols = new_columns(ENTRY_COLUMNS, n_entries)
     cols["type"][:base], cols["type"][base:] = DIR, FILE
     cols["mode"][:base], cols["mode"][base:] = 0o40755, 0o100644
     cols["mtime"][:] = 1_300_000_000 * 10**9 + rng.integers(0, 10**16, n_entries)
@@ -74,8 +71,10 @@ def synthesise(store: Path, files: int, dirs: int, shards: int, seed: int = 0) -
     before = np.concatenate([[0], ends[:-1]])
     offsets = before - np.concatenate([[0], ends])[starts][shard_of] + SHARD_HEADER.size
     shard_size = np.add.reduceat(sizes, starts) + SHARD_HEADER.size
-    blob = {"blob_offset": offsets.astype(np.uint64), "blob_stored": sizes.astype(np.uint32),
-            "blob_raw": sizes.astype(np.uint32), "blob_checksum": np.zeros(files, np.uint64)}
+    blob = new_columns(BLOB_COLUMNS, files)
+    blob["blob_offset"][:], blob["blob_stored"][:], blob["blob_raw"][:] = offsets, sizes, sizes
+    shard_columns = new_columns(SHARD_COLUMNS, shards)
+    shard_columns["shard_size"][:] = shard_size
     store_id = uuid.uuid4().bytes
     (store / SHARD_DIR).mkdir(parents=True)
     for shard in range(shards):
@@ -83,19 +82,11 @@ def synthesise(store: Path, files: int, dirs: int, shards: int, seed: int = 0) -
             f.write(shard_header(shard, store_id))
             f.truncate(int(shard_size[shard]))
     total = int(sizes.sum())
-    meta = {
-        "format": FORMAT_VERSION, "store_id": store_id.hex(), "fanfs": __version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source": "synthetic ImageNet-like tree (tools/bench_index.py)", "chunk_size": CHUNK_SIZE,
-        "codecs": [Raw().get_config()], "codec_stats": {"0": {"files": files, "raw": total, "stored": total}},
-        "scan_script": None,
-        "totals": {"entries": n_entries, "files": files, "dirs": base, "symlinks": 0, "bytes_in": total,
-                   "bytes_presented": total, "bytes_stored": total, "shards": shards, "jpeg_records": 0,
-                   "jpeg_fallbacks": 0},
-    }
-    build_index(str(store / INDEX_NAME), meta, paths,
-                {**cols, **blob, "shard_size": shard_size.astype(np.uint64), "shard_checksum": np.zeros(shards, np.uint64)},
-                b"", {})
+    meta = header(store_id=store_id, source="synthetic ImageNet-like tree (tools/bench_index.py)",
+                  codecs=[Raw().get_config()], codec_stats={"0": {"files": files, "raw": total, "stored": total}},
+                  totals={"entries": n_entries, "files": files, "dirs": base, "symlinks": 0, "bytes_in": total,
+                          "bytes_presented": total, "bytes_stored": total, "shards": shards})
+    build_index(str(store / INDEX_NAME), meta, paths, {**cols, **blob, **shard_columns}, b"", {})
     return names
 
 

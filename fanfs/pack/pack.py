@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import datetime
 import errno
 import multiprocessing as mp
 import os
@@ -25,12 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from ..codecs import Codec, Raw, Zstd
 from ..records import RecordKind
-from ..records.plain import CHUNK_SIZE
 from ..store.format import FILE, INDEX_NAME, SHARD_DIR, shard_name
 from ..store.index import build_index
+from ..store.schema import BLOB_COLUMNS, ENTRY_COLUMNS, SHARD_COLUMNS, header, new_columns
 from ..store.walk import Tree, walk
 from ..util.progress import Progress
 from ..util.units import human_size
@@ -221,14 +219,9 @@ def _run_jobs(jobs: Sequence[ShardJob], opts: PackOptions, total: int) -> list[S
 def _write_index(tmp: str, tree: Tree, opts: PackOptions, store_id: bytes, codecs: list[Codec],
                  results: list[ShardResult], started: float) -> PackReport:
     n = len(tree.paths)
-    cols: dict[str, np.ndarray] = {
-        "parent": np.array(tree.parent, np.uint32), "type": np.array(tree.type, np.uint8),
-        "record": np.zeros(n, np.uint8), "mode": np.array(tree.mode, np.uint32),
-        "mtime": np.array(tree.mtime, np.int64), "size": np.array(tree.size, np.uint64),
-        "first": np.array(tree.first, np.uint64), "count": np.array(tree.count, np.uint32),
-        "layers": np.zeros(n, np.uint16), "codec": np.zeros(n, np.uint8), "shard": np.zeros(n, np.uint32),
-        "checksum": np.zeros(n, np.uint64),
-    }
+    cols = new_columns(ENTRY_COLUMNS, n)
+    for key in ("parent", "type", "mode", "mtime", "size", "first", "count"):  # what the walk found
+        cols[key][:] = getattr(tree, key)
     targets = bytearray()
     for entry, target in tree.targets.items():
         cols["first"][entry], cols["count"][entry] = len(targets), len(target)
@@ -253,10 +246,12 @@ def _write_index(tmp: str, tree: Tree, opts: PackOptions, store_id: bytes, codec
             acc[0] += files
             acc[1] += raw
             acc[2] += stored
-    for key in ("blob_offset", "blob_stored", "blob_raw", "blob_checksum"):
-        cols[key] = np.concatenate(blob_parts[key]) if blob_parts.get(key) else np.zeros(0)
-    cols["shard_size"] = np.array([r.size for r in results], np.uint64)
-    cols["shard_checksum"] = np.array([r.checksum for r in results], np.uint64)
+    cols.update(new_columns(BLOB_COLUMNS, 0))
+    for key, parts in blob_parts.items():
+        cols[key] = np.concatenate(parts)
+    cols.update(new_columns(SHARD_COLUMNS, len(results)))
+    cols["shard_size"][:] = [r.size for r in results]
+    cols["shard_checksum"][:] = [r.checksum for r in results]
     files = tree.files()
     bytes_in = sum(tree.size[e] for e in files)
     bytes_stored = int(cols["blob_stored"].sum())
@@ -265,19 +260,14 @@ def _write_index(tmp: str, tree: Tree, opts: PackOptions, store_id: bytes, codec
                            "fallbacks": sum(1 for k, _, _ in fallbacks if k == kind.name), **(kind.pack_config() or {})}
                for kind in opts.kinds}
     held = [kind for kind in opts.kinds if records[kind.name]["files"]]
-    meta = {
-        "format": max([1, *(kind.since_format for kind in held)]),  # older fanfs keep reading what they can
-        "store_id": store_id.hex(), "fanfs": __version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source": os.fsdecode(tree.root), "chunk_size": CHUNK_SIZE,
-        "codecs": [c.get_config() for c in codecs],
-        "codec_stats": {str(c): {"files": v[0], "raw": v[1], "stored": v[2]} for c, v in sorted(stats.items())},
-        "records": records,
-        "plan": opts.plan.describe() if opts.plan else None,  # class -> codec index (fanfs.pack.plan)
-        "totals": {"entries": n, "files": len(files), "dirs": tree.type.count(0), "symlinks": len(tree.targets),
-                   "bytes_in": bytes_in, "bytes_presented": int(cols["size"][file_rows].sum()),
-                   "bytes_stored": bytes_stored, "shards": len(results)},
-    }
+    meta = header(
+        format_version=max([1, *(kind.since_format for kind in held)]),  # older fanfs keep reading what they can
+        store_id=store_id, source=os.fsdecode(tree.root), codecs=[c.get_config() for c in codecs],
+        codec_stats={str(c): {"files": v[0], "raw": v[1], "stored": v[2]} for c, v in sorted(stats.items())},
+        records=records, plan=opts.plan.describe() if opts.plan else None,  # class -> codec index (fanfs.pack.plan)
+        totals={"entries": n, "files": len(files), "dirs": tree.type.count(0), "symlinks": len(tree.targets),
+                "bytes_in": bytes_in, "bytes_presented": int(cols["size"][file_rows].sum()),
+                "bytes_stored": bytes_stored, "shards": len(results)})
     dictionaries = opts.plan.dictionaries() if opts.plan else {}
     try:
         build_index(os.path.join(tmp, INDEX_NAME), meta, tree.paths, cols, bytes(targets), dictionaries)

@@ -22,6 +22,7 @@ from ..errors import FanfsError
 from ..records import Packed, RecordKind
 from ..records.plain import PlainFiles
 from ..store.format import shard_header
+from ..store.schema import BLOB_COLUMNS
 from ..util.checksum import Digest, checksum
 from ..util.files import open_regular
 
@@ -180,8 +181,10 @@ class ShardWriter:
         self.out.close(sync=False)
 
     def blob_columns(self) -> dict[str, np.ndarray]:
-        return {"blob_offset": np.array(self.offset, np.uint64), "blob_stored": np.array(self.stored, np.uint32),
-                "blob_raw": np.array(self.raw, np.uint32), "blob_checksum": np.array(self.checksum, np.uint64)}
+        """The index's blob columns of this shard (offsets within it; the parent renumbers nothing else)."""
+        written = {"blob_offset": self.offset, "blob_stored": self.stored, "blob_raw": self.raw,
+                   "blob_checksum": self.checksum}
+        return {name: np.array(written[name], dtype) for name, dtype in BLOB_COLUMNS.items()}
 
 
 def pack_shard(job: ShardJob, advance: Callable[[int], None] = lambda n: None) -> ShardResult:

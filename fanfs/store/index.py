@@ -7,7 +7,8 @@ search and one byte comparison, without a Python dict of millions of keys.
 
 Per entry, ``first``/``count`` mean: the blob range (file), the child range (directory), the target
 byte range in ``targets`` (symlink).  A file's blobs are ordered layer by layer; ``layers`` says how
-many layers there are (one for plain files, one per scan group for progressive JPEG records).
+many layers there are (one for plain files, one per scan group for progressive JPEG records).  The
+columns and their types are in :mod:`.schema`.
 """
 
 from __future__ import annotations
@@ -18,46 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError
 from .format import checksum, read_index, write_index
+from .schema import BLOB_COLUMNS, ENTRY_COLUMNS, SHARD_COLUMNS, check_schema
 from .trust import record_validated, was_validated
 from .validate import validate
-
-# Column -> dtype; every one must be present with exactly this type.
-ENTRY_COLUMNS = {
-    "parent": np.uint32, "type": np.uint8, "record": np.uint8, "mode": np.uint32, "mtime": np.int64,
-    "size": np.uint64, "first": np.uint64, "count": np.uint32, "layers": np.uint16, "codec": np.uint8,
-    "shard": np.uint32, "checksum": np.uint64,
-}
-BLOB_COLUMNS = {"blob_offset": np.uint64, "blob_stored": np.uint32, "blob_raw": np.uint32,
-                "blob_checksum": np.uint64}
-SHARD_COLUMNS = {"shard_size": np.uint64, "shard_checksum": np.uint64}
-PATH_COLUMNS = {"paths": np.uint8, "path_offset": np.uint64, "hash_sorted": np.uint64, "hash_entry": np.uint32,
-                "targets": np.uint8}
-
-
-def check_schema(columns: Mapping[str, np.ndarray]) -> None:
-    """Every column present, of its type, and of the length the others imply (StoreError naming the first fault)."""
-    expected = {**ENTRY_COLUMNS, **BLOB_COLUMNS, **SHARD_COLUMNS, **PATH_COLUMNS}
-    for name, dtype in expected.items():
-        if name not in columns:
-            raise StoreError(f"index has no {name!r} column: the store is corrupt or of another fanfs; repack it")
-        if columns[name].dtype != np.dtype(dtype):
-            raise StoreError(f"index column {name!r} is {columns[name].dtype}, not {np.dtype(dtype)}: the store is corrupt")
-    for name, column in columns.items():
-        if name not in expected and not (name.startswith("dict:") and column.dtype == np.uint8):
-            raise StoreError(f"index has an unknown column {name!r}: written by another fanfs; repack the store")
-    entries = columns["parent"].size
-    groups = (("entry", ENTRY_COLUMNS, entries), ("blob", BLOB_COLUMNS, columns["blob_offset"].size),
-              ("shard", SHARD_COLUMNS, columns["shard_size"].size), ("hash", {"hash_sorted": 0, "hash_entry": 0}, entries))
-    for what, names, length in groups:
-        for name in names:
-            if columns[name].size != length:
-                raise StoreError(f"index column {name!r} has {columns[name].size} values for {length} {what}s: "
-                                 "the store is corrupt; repack it")
-    if entries < 1 or columns["path_offset"].size != entries + 1:
-        raise StoreError("index path table does not match its entries: the store is corrupt; repack it")
-
 
 class Index:
     """Read-only view of an index file; attribute columns are public numpy arrays."""

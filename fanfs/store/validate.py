@@ -20,8 +20,8 @@ import numpy as np
 from ..errors import StoreError
 from ..records import expand, kinds
 from .format import DIR, FILE, FORMATS, SHARD_HEADER, SYMLINK
+from .schema import TOTALS
 
-_TOTALS = ("entries", "files", "dirs", "symlinks", "bytes_in", "bytes_presented", "bytes_stored", "shards")
 _MAX_INT = 1 << 62
 
 
@@ -65,7 +65,7 @@ def _check_meta(meta: dict[str, Any], index: Any) -> None:
     if not (isinstance(codecs, list) and codecs and all(isinstance(c, dict) for c in codecs) and len(codecs) <= 256):
         raise _fail("no codec table")
     totals = meta.get("totals")
-    if not (isinstance(totals, dict) and all(_is_int(totals.get(k)) for k in _TOTALS)):
+    if not (isinstance(totals, dict) and all(_is_int(totals.get(k)) for k in TOTALS)):
         raise _fail("totals missing or not counts")
     if totals["entries"] != index.entries or totals["shards"] != index.shard_size.size:
         raise _fail("totals do not match the columns")
