@@ -211,6 +211,28 @@ def test_umount_and_signals(torture, tmp_path):
         force_unmount(mnt)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="umount(8) of a FUSE mount needs root")
+def test_lazy_umount_without_fusermount_detaches_a_busy_mount(torture, tmp_path, mount):
+    """With no fusermount on PATH, ``fanfs umount --lazy`` falls back to ``umount -l`` (lazy, like ``-z``)."""
+    src, store = torture
+    path = tmp_path / "bin"
+    path.mkdir()
+    (path / "umount").symlink_to(shutil.which("umount"))
+    with mount(store) as mnt:
+        busy = os.open(mnt / "empty.dat", os.O_RDONLY)
+        try:
+            done = subprocess.Popen([sys.executable, "-m", "fanfs", "umount", "--lazy", mnt], text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PATH": str(path)})
+            deadline = time.monotonic() + 20
+            while os.path.ismount(mnt) and done.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not os.path.ismount(mnt), done.communicate()
+        finally:
+            os.close(busy)
+        out, err = done.communicate(timeout=60)
+        assert done.returncode == 0 and f"unmounted {mnt}" in out, err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_foreground_mount_ends_cleanly_on_a_stop_signal(torture, tmp_path, sig):
     """Ctrl-C, kill, a closed terminal: the mount goes and the command exits 0, whatever handlers Python had."""

@@ -24,6 +24,8 @@ from typing import Any
 from fanfs_command import FANFS, REPO, fanfs, force_unmount, mounted  # noqa: F401  (bl.FANFS, bl.fanfs)
 from photo_samples import make_jpegs, photo_paths  # noqa: F401  (bl.make_jpegs)
 
+from fanfs.util.mounts import unmount
+
 
 def common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", default="/dev/shm",
@@ -74,7 +76,7 @@ def squashfuse_mount(binary: str, image: Path, mnt: Path) -> Iterator[int]:
             time.sleep(0.005)
         yield proc.pid
     finally:
-        subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
+        unmount(mnt)
         force_unmount(mnt)
         try:
             proc.wait(timeout=10)

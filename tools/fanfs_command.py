@@ -34,11 +34,12 @@ def fanfs(*args: str | os.PathLike, check: bool = True, timeout: float = 300, **
 
 
 def force_unmount(mountpoint: Path) -> None:
-    """Last-resort cleanup: lazy unmount and kill whatever daemon served it."""
-    if os.path.ismount(mountpoint):
-        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
+    """Last-resort cleanup: a lazy unmount (also of a dead mount), then up to 5 s for it to go."""
+    from fanfs.util.mounts import mounted, unmount
+    if mounted(mountpoint):
+        unmount(mountpoint, lazy=True)
     for _ in range(100):
-        if not os.path.ismount(mountpoint):
+        if not mounted(mountpoint):
             break
         time.sleep(0.05)
 

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..errors import FanfsError, UsageError
-from ..serve.daemon import MountOptions, detach, mounted
+from ..serve.daemon import MountOptions
+from ..util.mounts import mounted, unmount
 from ..util.runtime import RUNTIME_VARIABLE, UnsafeDirError, private_dir
 from .node import mount_node
 from .serving import NodeOptions
@@ -126,7 +127,7 @@ class NodeDirs:
     def remove(self) -> None:
         """Remove what create() made; never follows into a mount that would not go away."""
         if mounted(self.mountpoint):  # also a dead one, whose daemon was killed
-            detach(self.mountpoint)
+            unmount(self.mountpoint, lazy=True)
         still = mounted(self.mountpoint)
         if still:
             log.warning("%s is still mounted: left in place", self.mountpoint)

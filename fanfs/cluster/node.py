@@ -26,11 +26,12 @@ import numpy as np
 from ..errors import FanfsError, StoreError
 from ..records import FULL, Presentation, blobs_read, check_presentation
 from ..serve.control import MountLock
-from ..serve.daemon import Hooks, check_mountpoint, detach, mounted, opened_paths, setup_logging, start
+from ..serve.daemon import Hooks, check_mountpoint, opened_paths, setup_logging, start
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
 from ..tune.fidelity import auto_fidelity
+from ..util.mounts import mounted, unmount
 from ..util.runtime import private_dir
 from .handoff import Handoff
 from .placement import Placement, place
@@ -186,7 +187,7 @@ def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOp
         raise
     code = child.wait()
     if code and mounted(mountpoint):  # killed (-9, OOM) while serving: a dead mount answers ENOTCONN to all
-        detach(mountpoint)
+        unmount(mountpoint, lazy=True)
     if code:
         raise FanfsError(f"this node's daemon (pid {child.pid}) ended with "
                          + (f"signal {-code}" if code < 0 else f"status {code}"))

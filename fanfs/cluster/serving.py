@@ -9,10 +9,8 @@ A dead peer refuses the BYE at once and a stopped one costs a second: nobody wai
 from __future__ import annotations
 
 import logging
-import shutil
 import signal
 import socket
-import subprocess
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +22,7 @@ from ..serve.daemon import Hooks, MountOptions, start
 from ..store import Store
 from ..store.format import INDEX_NAME
 from ..store.index import Index
+from ..util.mounts import unmount
 from ..util.server import configure_server
 from . import handoff
 from .peer import PeerClient, listen, peer_host, remote_sources
@@ -95,10 +94,8 @@ class Stopper:
 
     def _unmount(self) -> None:
         # In a thread of its own: the caller may be the FUSE loop itself, which fusermount may query.
-        tool = shutil.which("fusermount3") or shutil.which("fusermount") or "umount"
-        command = [tool, "-u", "-z", self.mountpoint] if "fusermount" in tool else [tool, "-l", self.mountpoint]
-        threading.Thread(target=subprocess.run, args=(command,), kwargs={"capture_output": True},
-                         name="fanfs-unmount", daemon=True).start()
+        threading.Thread(target=unmount, args=(self.mountpoint,), kwargs={"lazy": True}, name="fanfs-unmount",
+                         daemon=True).start()
 
 
 def daemon_main(sock: socket.socket, mountpoint: str, lock: MountLock) -> int:

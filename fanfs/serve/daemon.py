@@ -4,17 +4,14 @@
 The daemon reports readiness (or the reason it failed) through a pipe, holds the mount point's lock
 for its lifetime (a second mount of the same point is refused), and logs to a file beside its control
 socket: the previous run's log is kept as ``.log.1``, and a run that ends cleanly without a warning
-removes its log.  Stopping: ``fanfs umount`` (fusermount3 -u), or SIGTERM/SIGINT to the daemon.
+removes its log.  Stopping: ``fanfs umount`` (:func:`fanfs.util.mounts.unmount`), or SIGTERM/SIGINT to the daemon.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -24,6 +21,7 @@ from typing import Any
 from ..errors import FanfsError, StoreError
 from ..records import Presentation, check_presentation
 from ..store import Store
+from ..util.mounts import mounted, unmount
 from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server
 from ..util.workers import pid_alive
@@ -301,22 +299,6 @@ def _log_tail(logfile: str) -> str:
     return f"log {logfile}: " + " | ".join(lines) if lines else ""
 
 
-def mounted(path: str) -> bool:
-    """Whether something is mounted at ``path``, read from /proc/self/mountinfo: also a FUSE mount whose
-    daemon was killed, which answers ENOTCONN to the lstat that os.path.ismount relies on."""
-    target = os.fsencode(os.path.realpath(path))
-    unescape = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline, backslash as \ooo
-    with open("/proc/self/mountinfo", "rb") as f:
-        return any(unescape.sub(lambda m: bytes([int(m.group(1), 8)]), line.split(b" ")[4]) == target for line in f)
-
-
-def detach(mountpoint: str) -> None:
-    """Lazily unmount ``mountpoint`` (its daemon then ends, or has ended already); failures are ignored."""
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    command = [tool, "-u", "-z", mountpoint] if tool else ["umount", "-l", mountpoint]
-    subprocess.run(command, capture_output=True)
-
-
 def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     """Unmount and wait until the daemon has gone; False if nothing was mounted there (ended already:
     a job's mounts all end with its first unmount, so a cleanup on every node must not fail)."""
@@ -329,13 +311,11 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
         pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
     except (control.ControlError, KeyError, TimeoutError):
         pid = None
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    cmd = [tool, "-u", *(["-z"] if lazy else []), mountpoint] if tool else ["umount", mountpoint]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = unmount(mountpoint, lazy)
     if done.returncode != 0:
         if not mounted(mountpoint):
             return False  # it ended meanwhile
-        reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cmd[0]} failed"
+        reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{done.args[0]} failed"
         if "busy" in reason.lower():
             reason += "; close the files open under it, or use --lazy"
         raise StoreError(f"cannot unmount {mountpoint}: {reason}")

@@ -1,0 +1,30 @@
+"""The kernel's mount table, and unmounting: one way for the daemon, a job's nodes, the tests and the benchmarks.
+
+A FUSE mount is unmounted by its user with ``fusermount3 -u`` (setuid: no root needed; ``-z`` detaches it
+lazily, while files are still open or its daemon is dead); without fusermount, ``umount`` (``-l``: lazily).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+
+def mounted(path: str | os.PathLike) -> bool:
+    """Whether something is mounted at ``path``, read from /proc/self/mountinfo: also a FUSE mount whose
+    daemon was killed, which answers ENOTCONN to the lstat that os.path.ismount relies on."""
+    target = os.fsencode(os.path.realpath(path))
+    unescape = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline, backslash as \ooo
+    with open("/proc/self/mountinfo", "rb") as f:
+        return any(unescape.sub(lambda m: bytes([int(m.group(1), 8)]), line.split(b" ")[4]) == target for line in f)
+
+
+def unmount(mountpoint: str | os.PathLike, lazy: bool = False) -> subprocess.CompletedProcess:
+    """Unmount (``lazy``: detach at once, even if busy or its daemon is dead); the tool's completed process,
+    whose failure is the caller's to judge (text output)."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    flag = "-z" if tool else "-l"
+    command = [tool or "umount", *(["-u"] if tool else []), *([flag] if lazy else []), os.fspath(mountpoint)]
+    return subprocess.run(command, capture_output=True, text=True)
