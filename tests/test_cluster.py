@@ -385,7 +385,7 @@ def test_local_reads_go_on_while_a_peer_is_stopped(dataset, tmp_path):
 
 
 def test_remote_reads_carry_only_the_layers_the_fidelity_needs(tmp_path):
-    from jpeg_samples import build_samples
+    from support.jpeg_samples import build_samples
     photos = sorted(p.name for p in build_samples(tmp_path / "src").values() if p.suffix == ".jpg")
     store = tmp_path / "store"
     fanfs("pack", tmp_path / "src", store, "--progressive-jpeg", "--shard-size", "64K", "--quiet")
@@ -399,7 +399,7 @@ def test_remote_reads_carry_only_the_layers_the_fidelity_needs(tmp_path):
 
 
 def test_auto_fidelity_is_resolved_once_for_the_job(tmp_path):
-    from jpeg_samples import build_samples
+    from support.jpeg_samples import build_samples
 
     from fanfs.tune.fidelity import auto_fidelity
     build_samples(tmp_path / "src")

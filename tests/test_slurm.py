@@ -124,7 +124,7 @@ def test_scancel_during_training_leaves_nothing(slurm, slurm_plain, tmp_path):
 
 
 def test_auto_fidelity_is_one_k_for_the_whole_job(slurm, tmp_path):
-    from jpeg_samples import make_photo_set
+    from photo_samples import make_photo_set
     make_photo_set(tmp_path / "photos", 24)
     store = tmp_path / "store"
     fanfs("pack", tmp_path / "photos", store, "--progressive-jpeg", "--quiet")

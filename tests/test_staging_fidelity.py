@@ -28,7 +28,7 @@ K = 2
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    from jpeg_samples import make_photo_set
+    from photo_samples import make_photo_set
     base = tmp_path_factory.mktemp("stagek")
     make_photo_set(base / "src", 40)
     (base / "src" / "notes.txt").write_text("a plain file is always staged\n" * 100)

@@ -140,7 +140,7 @@ def make_float_tree(root: Path, photos: int = 0) -> dict[str, str]:
     odd_file("bad_json.safetensors", struct.pack("<Q", 20) + b"{not json at all!!!}", "unreadable header")
     (root / "notes" / "weights.npy").write_text("a text file with a .npy name\n")
     if photos:
-        from jpeg_samples import make_photo_set
+        from photo_samples import make_photo_set
         make_photo_set(root / "photos", photos)
     return keep
 
