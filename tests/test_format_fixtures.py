@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from fanfs_command import fanfs
 
-from fanfs.records.jpeg import decode_pixels
+from fanfs.util.images import decode_pixels
 from fanfs.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -17,7 +17,7 @@ from support.jpeg_samples import build_samples
 from photo_samples import make_photo_set
 from PIL import Image, ImageFile
 
-from fanfs.records.jpeg import decode_pixels
+from fanfs.util.images import decode_pixels
 from fanfs.records.jpeg.markers import present, split_layers
 from fanfs.records.jpeg.scans import DEFAULT_SCANS, PRESETS, SCAN_CHOICES, ScanScript, scan_script
 from fanfs.records.jpeg.transcode import to_progressive

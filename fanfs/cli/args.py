@@ -41,15 +41,6 @@ def positive_size(text: str) -> int:
     return value
 
 
-def precision(text: str) -> int:
-    """A float-record precision: BITS (a multiple of 8) or full."""
-    from ..records.floats import parse_precision
-    try:
-        return parse_precision(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2)
     print()

@@ -36,7 +36,7 @@ def _read_all(root: Path) -> tuple[int, int, float, dict[str, bytes]]:
 
 
 def _pixels(data: bytes) -> bytes:
-    from ..records.jpeg import decode_pixels
+    from ..util.images import decode_pixels
     return decode_pixels(data).tobytes()
 
 

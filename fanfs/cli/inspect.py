@@ -7,7 +7,8 @@ import sys
 from collections.abc import Callable
 
 from ..util.units import human_size
-from .args import positive, precision, print_json
+from .args import positive, print_json
+from .presentation import add_presentation_options, note_to_stderr, presentation_values
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -31,19 +32,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..records import FULL, Presentation, blobs_read, check_presentation
+    from .. import tune  # noqa: F401  (registers the resolvers of auto values)
+    from ..records import Presentation, blobs_read, check_presentation, resolve
     from ..store import Store
     from ..store.info import format_info, store_info
     store = Store(args.store, check_shards=False)
     info = store_info(store)
-    presentation = Presentation(fidelity=_fidelity_k(store, args.fidelity), precision=args.precision)
+    presentation = resolve(store, presentation_values(args), note=note_to_stderr)
     staged = None
     if presentation != Presentation():
         check_presentation(store.index, presentation)
         weights = np.where(blobs_read(store.index, presentation), store.index.blob_stored, 0).astype(np.int64)
-        label = ", ".join(f"{name} {value}" for name, value in presentation._asdict().items() if value != FULL)
+        label = presentation.describe(chosen_only=True)
         full, read = int(store.index.blob_stored.sum()), int(weights.sum())
-        info["staged"] = {**presentation._asdict(), "stored_bytes": read, "full_stored_bytes": full,
+        info["staged"] = {**presentation, "stored_bytes": read, "full_stored_bytes": full,
                           "capacity_gain": round(full / read, 3) if read else None}
     placement = None
     if args.nodes:
@@ -67,16 +69,6 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fidelity_k(store, text: str) -> int:
-    """``--fidelity`` as K; ``auto:SSIM`` looked up on the store's measured curve (the note on stderr)."""
-    from ..tune.fidelity import auto_fidelity, parse_fidelity
-    value = parse_fidelity(text)
-    if isinstance(value, float):
-        value, note = auto_fidelity(store, value)
-        print(note, file=sys.stderr)
-    return value
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     return run_demo(args.workdir, keep=args.keep)
@@ -93,11 +85,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--json", action="store_true")
     p.add_argument("--nodes", type=positive, metavar="N", help="also show how N nodes would hold the shards")
     p.add_argument("--replicas", type=positive, default=1, help="with --nodes: copies of each shard (default 1)")
-    p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM",
-                   help="also show the bytes a job staged at this fidelity holds (per node with --nodes): "
-                        "the burst-buffer capacity it gains")
-    p.add_argument("--precision", type=precision, default="full", metavar="BITS|full",
-                   help="the same for float records' precision")
+    add_presentation_options(p, what=". Shown: the bytes a job staged at this presentation holds (per node with "
+                                  "--nodes), the burst-buffer capacity it gains")
 
     p = command("demo", cmd_demo, "pack, mount and read back a built-in sample dataset, then unmount")
     p.add_argument("--workdir", help="where to put the sample, store and mount (default: a temp dir)")

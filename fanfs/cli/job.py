@@ -7,7 +7,8 @@ import os
 from collections.abc import Callable
 
 from ..errors import UsageError
-from .args import positive, precision, size
+from .args import positive, size
+from .presentation import add_presentation_options, as_text, known, presentation_values
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -24,29 +25,33 @@ settings (environment; the options of 'job run' win):
                   own, fanfs-JOBID-NODE-xxxxxxxx (default $TMPDIR, else /tmp; /dev/shm works)
   FANFS_MNT       the mount point on each node, {node} for the node's name (default: mnt/ in that directory)
   FANFS_REPLICAS  copies of each shard across the nodes (default 2; 1 on one node)
-  FANFS_FIDELITY  K, full or auto:SSIM (default full)
-  FANFS_PRECISION float records' BITS or full (default full)
   FANFS_WORKERS   serving processes of each node's mount (default: a quarter of its cores, 1 to 8)
   FANFS_MPI       srun's --mpi for the nodes' start-up (default pmi2; pmix for a PMIx MPI)
-"""
+{settings}"""
+
+
+def job_help() -> str:
+    """The help of 'job run', with a line for each presentation setting the record kinds declare."""
+    from ..records import settings
+    lines = [f"  {s.variable:<15} {s.metavar}: {s.help.split(':')[0]} (default full)" for s in settings()]
+    return JOB_HELP.replace("{settings}", "".join(line + "\n" for line in lines))
 
 
 def cmd_job_run(args: argparse.Namespace) -> int:
     from ..cluster.batch import JobSettings, run_job
     from ..cluster.job import LOCAL_VARIABLE, MNT_VARIABLE
-    from ..records.floats import parse_precision
-    from ..tune.fidelity import parse_fidelity
+    from ..records import parse_all, settings
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
     replicas = args.replicas or int(os.environ.get("FANFS_REPLICAS") or (2 if nodes > 1 else 1))
-    fidelity = args.fidelity or os.environ.get("FANFS_FIDELITY") or "full"
-    bits = args.precision or os.environ.get("FANFS_PRECISION") or "full"
-    parse_fidelity(fidelity), parse_precision(bits)  # a bad setting is one line here, not one per node
+    given = presentation_values(args)  # the options win over the environment
+    from_environment = parse_all({s.name: os.environ.get(s.variable) or None for s in settings() if s.name not in given})
+    values = {**from_environment, **given}  # a bad setting is one line here, not one per node
     text = os.environ.get("FANFS_WORKERS", "").strip()
     if text and not (text.isdigit() and int(text) > 0):
         raise UsageError(f"FANFS_WORKERS must be a positive whole number, not {text!r}")
     workers = args.workers or (int(text) if text else None)
-    settings = JobSettings(nodes=nodes, replicas=min(replicas, nodes), fidelity=fidelity, precision=bits,
+    settings = JobSettings(nodes=nodes, replicas=min(replicas, nodes), presentation=as_text(values),
                            cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2", workers=workers)
     for variable, value in ((LOCAL_VARIABLE, args.local), (MNT_VARIABLE, args.mountpoint)):
         if value:
@@ -56,15 +61,13 @@ def cmd_job_run(args: argparse.Namespace) -> int:
 
 def cmd_job_serve(args: argparse.Namespace) -> int:
     from ..cluster.job import serve_node
-    from ..records import FULL, Presentation
+    from ..records import unresolved
     from ..serve.daemon import MountOptions
-    from ..tune.fidelity import parse_fidelity
     from ..util.server import default_workers
-    value = parse_fidelity(args.fidelity)
-    auto = isinstance(value, float)  # auto:SSIM, measured once for the job
+    values = presentation_values(args)
     options = MountOptions(cache_size=args.cache_size, workers=args.workers or default_workers(),
-                           presentation=Presentation(fidelity=FULL if auto else value, precision=args.precision))
-    serve_node(os.path.abspath(args.store), options, replicas=args.replicas, auto_ssim=value if auto else None)
+                           presentation=known(values))
+    serve_node(os.path.abspath(args.store), options, replicas=args.replicas, auto=unresolved(values))  # once for the job
     return 0
 
 
@@ -76,16 +79,15 @@ def cmd_job_exec(args: argparse.Namespace) -> int:
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     job = command("job", cmd_job_run, "run a training command on fanfs mounts across a Slurm job")
-    job.description = JOB_HELP
+    job.description = job_help()
     job.formatter_class = argparse.RawDescriptionHelpFormatter
     steps = job.add_subparsers(dest="step", metavar="STEP", required=True)
 
     p = steps.add_parser("run", help="the whole job (what slurm/train.sbatch runs in its batch step)",
-                         description=JOB_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=job.description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=cmd_job_run)
     p.add_argument("--replicas", type=positive, help="copies of each shard across the nodes ($FANFS_REPLICAS)")
-    p.add_argument("--fidelity", metavar="K|full|auto:SSIM", help="JPEG records ($FANFS_FIDELITY; default full)")
-    p.add_argument("--precision", metavar="BITS|full", help="float records ($FANFS_PRECISION; default full)")
+    add_presentation_options(p, default=None, what=" (default: its FANFS_ variable above, else full)")
     p.add_argument("--local", metavar="DIR", help="node-local directory for the job's shards ($FANFS_LOCAL)")
     p.add_argument("--mountpoint", metavar="PATH", help="mount point on each node, {node} for its name ($FANFS_MNT)")
     p.add_argument("--cache-size", type=size, default="1G", help="each mount's cache for decoded blobs (default 1G)")
@@ -99,8 +101,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.set_defaults(func=cmd_job_serve)
     p.add_argument("store")
     p.add_argument("--replicas", type=positive, default=1)
-    p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM")
-    p.add_argument("--precision", type=precision, default="full", metavar="BITS|full")
+    add_presentation_options(p)
     p.add_argument("--cache-size", type=size, default="1G")
     p.add_argument("--workers", type=positive, default=None)
 

@@ -6,38 +6,30 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..util.units import human_rate, human_size
+from ..records import kinds
 from .args import positive, positive_size, print_json, size
-
-if TYPE_CHECKING:
-    from ..records import RecordKind
+from .presentation import adder
 
 Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from ..pack.pack import PackOptions, pack
     from ..codecs import parse_codec
-    from ..records.jpeg import JpegRecords
-    from ..records.jpeg.scans import DEFAULT_SCANS
+    from ..pack.pack import PackOptions, pack
+    from ..records import pack_kinds
     options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=args.jobs,
                           force=args.force, progress=not args.quiet)
-    if args.progressive_jpeg or args.scan_script is not None:
-        options.kinds.append(JpegRecords(DEFAULT_SCANS if args.scan_script is None else args.scan_script))
     if args.plan:
         from ..pack.plan import Plan
         options.plan = Plan.load(args.plan)
-    floats = _float_records(args, options.plan)
-    if floats is not None:
-        options.kinds.append(floats)
+    options.kinds = pack_kinds(vars(args), options.plan.records() if options.plan else {})
     report = pack(args.src, args.store, options, on_warning=lambda text: print(f"fanfs: warning: {text}",
                                                                                 file=sys.stderr))
-    if floats is not None and floats.elf:
-        print(f"fanfs: note: LOSSY store: float32/float64 values are kept with ELF, each within "
-              f"{'the last mantissa bit' if floats.error is None else format(floats.error, 'g')} of its source",
-              file=sys.stderr)
+    for kind in options.kinds:
+        for note in kind.pack_notes():
+            print(f"fanfs: note: {note}", file=sys.stderr)
     ratio = f" (ratio {report.bytes_in / report.bytes_stored:.2f})" if report.bytes_in and report.bytes_stored else ""
     rate = f" ({human_rate(report.bytes_in / max(report.seconds, 1e-9))})" if report.bytes_in else ""
     print(f"packed {report.files:,} files, {report.dirs:,} dirs, {report.symlinks:,} symlinks: "
@@ -53,34 +45,6 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if report.skipped:
         print(f"skipped {len(report.skipped)} special files (FIFOs, sockets, devices)")
     return 0
-
-
-class FloatError:
-    """``--float-error``: an absolute bound above 0, or ``limit`` (ELF within the dtype's last mantissa bit)."""
-
-    def __init__(self, text: str) -> None:
-        self.bound: float | None = None
-        if text.strip().lower() == "limit":
-            return
-        try:
-            self.bound = float(text)
-        except ValueError:
-            self.bound = -1.0
-        if not 0 < self.bound < float("inf"):
-            raise argparse.ArgumentTypeError(f"expected an error bound above 0 (e.g. 1e-6) or 'limit', got {text!r}")
-
-
-def _float_records(args: argparse.Namespace, plan: object) -> "RecordKind | None":
-    """The float-record kind asked for: by --float-records / --float-error, else by the plan's float class."""
-    from ..records.floats import FloatRecords
-    if args.float_error is not None:
-        return FloatRecords(elf=True, error=args.float_error.bound)
-    if args.float_records:
-        return FloatRecords()
-    record = plan.record("float") if plan is not None else None  # type: ignore[attr-defined]
-    if record:
-        return FloatRecords(elf=bool(record.get("elf")), error=record.get("error"))
-    return None
 
 
 def cmd_select(args: argparse.Namespace) -> int:
@@ -129,22 +93,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--force", action="store_true",
                    help="replace STORE if it is a fanfs store (never anything else: not a tree holding SRC, "
                         "not a directory of other files)")
-    p.add_argument("--progressive-jpeg", action="store_true",
-                   help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities")
-    p.add_argument("--scan-script", metavar="compact|fast|libjpeg|FILE",
-                   help="how progressive records are cut into scans (implies --progressive-jpeg): 'compact' "
-                        "(default): few bytes at SSIM 0.95 (fidelity auto:0.95) and a fast decode there; 'fast': "
-                        "the fastest decode at full fidelity; 'libjpeg': libjpeg's own 10-scan progression (the "
-                        "default before the presets; fewer bytes at SSIM 0.95 on high-quality photos, slower "
-                        "decode); or a jpegtran scan-script FILE (a lossy one is refused). Compare them with "
-                        "'fanfs fidelity --source'; see the README, 'Scan scripts'")
     p.add_argument("--plan", metavar="FILE", help="per-class codecs chosen by fanfs select -o FILE (overrides --codec)")
-    p.add_argument("--float-records", action="store_true",
-                   help="store the values of .npy and safetensors files (found by content) as byte planes, so mounts "
-                        "can present them at a lower --precision; lossless")
-    p.add_argument("--float-error", type=FloatError, metavar="EPS|limit", default=None,
-                   help="like --float-records, but float32/float64 values are stored with ELF, each within EPS of "
-                        "its source (LOSSY; 'limit': within the last mantissa bit, e.g. 6e-8 for float32)")
+    for kind in kinds().values():
+        kind.pack_options(adder(p.add_argument_group(f"{kind.label}")))
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     p = command("select", cmd_select, "measure codecs per kind of file on this node and choose, for a demanded "
@@ -167,8 +118,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--plot", metavar="PNG", help="ratio against decode speed per class, feasible region and choice")
     p.add_argument("--sample-cap", type=size, default="16M", help="bytes read per class (default 16M)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--float-error", type=FloatError, metavar="EPS|limit",
-                   help="also measure ELF float records within EPS for float arrays (lossy; lossless float records "
-                        "are always measured)")
+    for kind in kinds().values():
+        kind.select_options(adder(p))
     p.add_argument("--jobs", "-j", type=positive, default=1,
                    help="classes measured in parallel (default 1: per-thread speeds on an otherwise idle node)")

@@ -9,37 +9,22 @@ from collections.abc import Callable
 from ..errors import UsageError
 from ..util.server import default_workers
 from ..util.units import human_size
-from .args import count, positive, precision, print_json, size
+from .args import count, positive, print_json, size
+from .presentation import add_presentation_options, known, presentation_values, resolved
 
 Command = Callable[[argparse.Namespace], int]
 
 
-def _resolve_fidelity(store_path: str, text: str) -> int:
-    """A fidelity option as a layer count; ``auto:X`` is looked up on the store's measured curve."""
-    from ..store import Store
-    from ..tune.fidelity import auto_fidelity, parse_fidelity
-    value = parse_fidelity(text)
-    if isinstance(value, int):
-        return value
-    store = Store(store_path, check_shards=False)
-    k, note = auto_fidelity(store, value)
-    store.close()
-    print(note)
-    return k
-
-
 def cmd_mount(args: argparse.Namespace) -> int:
     from ..cluster.world import expand
-    from ..records import FULL, Presentation
+    from ..records import unresolved
     from ..serve.daemon import MountOptions
-    from ..tune.fidelity import parse_fidelity
     args.store, args.mountpoint = expand(args.store), expand(args.mountpoint)
     if args.local_dir is None and (args.stage or args.replicas != 1):
         raise UsageError("--stage and --replicas need --local-dir")
-    value = parse_fidelity(args.fidelity)
-    auto = value if isinstance(value, float) and args.local_dir else None  # a job resolves auto once
-    fidelity = FULL if auto is not None else _resolve_fidelity(args.store, args.fidelity)
-    presentation = Presentation(fidelity=fidelity, precision=args.precision)
+    values = presentation_values(args)
+    job = args.local_dir is not None  # a job resolves auto values once, for every node
+    presentation = known(values) if job else resolved(args.store, values)
     options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,
                            allow_other="allow_other" in args.o, debug=args.debug,
                            workers=args.workers or default_workers())
@@ -47,7 +32,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         from ..cluster.node import mount_node
         from ..cluster.serving import NodeOptions
         node = NodeOptions(options, os.path.abspath(expand(args.local_dir)), replicas=args.replicas, stage=args.stage,
-                           auto_ssim=auto, peer_timeout=args.peer_timeout)
+                           auto=unresolved(values), peer_timeout=args.peer_timeout)
         pid = mount_node(os.path.abspath(args.store), os.path.abspath(args.mountpoint), node)
     else:
         from ..serve.daemon import mount
@@ -59,18 +44,15 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    from ..cluster.node import job_fidelity
+    from ..cluster.node import job_presentation
     from ..cluster.stage import stage
     from ..cluster.world import AgreedError, World, expand, load_index
-    from ..records import Presentation, check_presentation
-    from ..tune.fidelity import parse_fidelity
-    value = parse_fidelity(args.fidelity)
+    from ..records import check_presentation
     world = World.detect()
     try:
         store = os.path.abspath(expand(args.store))
         index = load_index(store, world)
-        k = job_fidelity(world, store, index, value) if isinstance(value, float) else value
-        presentation = check_presentation(index, Presentation(fidelity=k, precision=args.precision))
+        presentation = check_presentation(index, job_presentation(world, store, index, presentation_values(args)))
         report = stage(store, os.path.abspath(expand(args.local_dir)), args.replicas, world, index,
                        presentation=presentation, progress=not args.quiet)
     except AgreedError:
@@ -80,7 +62,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     if report is not None:
         if args.json:
             import dataclasses
-            print_json({**dataclasses.asdict(report), "presentation": report.presentation._asdict()})
+            print_json(dataclasses.asdict(report))
         else:
             print(report.format())
     return 0
@@ -103,17 +85,16 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
-    from ..records import FULL, Presentation
+    from ..records import Presentation, settings, unresolved
     from ..serve.control import request
-    if args.fidelity is None and args.precision is None:
-        raise UsageError("say what to change: --fidelity K|full|auto:SSIM and/or --precision BITS|full")
-    settings = {}
-    if args.precision is not None:
-        settings["precision"] = args.precision
-    if args.fidelity is not None:
-        settings["fidelity"] = _resolve_fidelity(request(args.mountpoint, {"cmd": "status"})["store"], args.fidelity)
-    answer = request(args.mountpoint, {"cmd": "present", **settings}, timeout=600)
-    shown = ", ".join(f"{name} {'full' if answer[name] == FULL else answer[name]}" for name in Presentation._fields)
+    values = presentation_values(args)
+    if not values:
+        raise UsageError("say what to change: " + " and/or ".join(f"{s.option} {s.metavar}" for s in settings()))
+    if unresolved(values):
+        chosen = resolved(request(args.mountpoint, {"cmd": "status"})["store"], values)
+        values = {name: chosen[name] for name in values}  # only what was asked: the others stay as they are
+    answer = request(args.mountpoint, {"cmd": "present", **values}, timeout=600)
+    shown = Presentation({name: answer[name] for name in Presentation.NAMES}).describe()
     print(f"{args.mountpoint}: {shown} for files opened from now on "
           f"({answer['invalidated']:,} cached names invalidated; files already open keep their bytes)")
     return 0
@@ -144,14 +125,14 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from ..records import FULL, Presentation
+    from ..records import Presentation
     from ..serve.control import request
     stats = request(args.mountpoint, {"cmd": "stats"})
     if args.json:
         print_json(stats)
         return 0
     hits, misses = stats["cache_hits"], stats["cache_misses"]
-    shown = ", ".join(f"{name} {'full' if stats[name] == FULL else stats[name]}" for name in Presentation._fields)
+    shown = Presentation({name: stats[name] for name in Presentation.NAMES}).describe()
     print(f"mount      {args.mountpoint} -> {stats['store']}  ({shown})")
     print(f"reads      {stats['reads']:,}   errors {stats['errors']:,}"
           + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
@@ -162,7 +143,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if stats["stored_by_layer"]:
         print("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"])))
     if "staged" in stats:
-        staged = ", ".join(f"{name} {value}" for name, value in stats["staged"].items() if value != FULL) or "full"
+        staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
         print(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
     if "cluster" in stats:
         c = stats["cluster"]
@@ -180,12 +161,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("store")
     p.add_argument("mountpoint")
     p.add_argument("--cache-size", type=size, default="1G", help="memory for decoded blobs (default 1G)")
-    p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM",
-                   help="present JPEG records as their first K scan groups (a smaller valid JPEG); auto:0.95 "
-                        "picks the smallest K whose mean SSIM reaches 0.95 (see 'fanfs fidelity'); default full")
-    p.add_argument("--precision", type=precision, default="full", metavar="BITS|full",
-                   help="present every value of a float record with its first BITS bits as stored (8, 16, 24, ...; "
-                        "the rest filled to the middle of the interval) and read only those byte planes; default full")
+    add_presentation_options(p)
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached (for srun/mpiexec, systemd)")
     p.add_argument("-o", action="append", default=[], metavar="OPTION", help="allow_other: let other users read")
     p.add_argument("--debug", action="store_true", help="log every FUSE request")
@@ -193,7 +169,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                    "mpiexec/srun, peers serve the shards this node lacks over MPI (needs --foreground)")
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
     p.add_argument("--stage", action="store_true", help="stage this node's shards into --local-dir first, only the "
-                   "layers read at --fidelity/--precision (higher ones are then read from the shared store)")
+                   "layers its presentation reads (higher ones are then read from the shared store)")
     p.add_argument("--workers", type=positive, default=None, metavar="N",
                    help=f"serving processes (default: a quarter of this node's cores, 1 to 8: {default_workers()} "
                         "here); 1 serves from one loop in the daemon itself")
@@ -205,11 +181,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("store")
     p.add_argument("local_dir", metavar="LOCAL_DIR")
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
-    p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM",
-                   help="stage only the first K layers of JPEG records (a prefix of each shard): the local disk "
-                        "holds more; a mount reads the layers above K from the shared store (default full)")
-    p.add_argument("--precision", type=precision, default="full", metavar="BITS|full",
-                   help="the same for float records (staged whole for now: see the README)")
+    add_presentation_options(p, what=". Staged: only the layers this reads (a prefix of each shard), so the local "
+                                  "disk holds more; a mount above it reads the rest from the shared store")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="the report as JSON (per node: bytes copied, seconds)")
 
@@ -222,10 +195,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("mountpoint")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
 
-    p = command("ctl", cmd_ctl, "change a running mount's fidelity or precision (files opened afterwards get it)")
+    p = command("ctl", cmd_ctl, "change a running mount's presentation settings (files opened afterwards get them)")
     p.add_argument("mountpoint")
-    p.add_argument("--fidelity", metavar="K|full|auto:SSIM", help="JPEG records: first K scan groups")
-    p.add_argument("--precision", type=precision, metavar="BITS|full", help="float records: first BITS bits of each value")
+    add_presentation_options(p, default=None)
 
     p = command("fidelity", cmd_fidelity, "measure bytes, SSIM/MS-SSIM and decode speed per fidelity K on sampled "
                 "JPEG records")

@@ -26,10 +26,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, TextIO
 
 from ..errors import FanfsError, UsageError
+from ..records import setting
 from .serving import READY_LINE
 
 READY_MARK = READY_LINE.split("{")[0]  # "fanfs: ready: "
@@ -44,8 +45,7 @@ class JobSettings:
 
     nodes: int
     replicas: int
-    fidelity: str = "full"
-    precision: str = "full"
+    presentation: dict[str, str] = field(default_factory=dict)  # setting -> value as written (a kind's syntax)
     cache_size: int = 1 << 30
     mpi: str = "pmi2"  # srun's PMI for the serve step's MPI start-up
     workers: int | None = None  # serving processes of each node's mount (None: the node's default)
@@ -53,8 +53,8 @@ class JobSettings:
     def serve_command(self, fanfs: Sequence[str], store: str) -> list[str]:
         return ["srun", f"--nodes={self.nodes}", f"--ntasks={self.nodes}", "--ntasks-per-node=1", "--overlap",
                 f"--mpi={self.mpi}", "--kill-on-bad-exit=0",
-                *fanfs, "job", "serve", store, "--replicas", str(self.replicas), "--fidelity", self.fidelity,
-                "--precision", self.precision,
+                *fanfs, "job", "serve", store, "--replicas", str(self.replicas),
+                *(argument for name, text in self.presentation.items() for argument in (setting(name).option, text)),
                 "--cache-size", str(self.cache_size), *(["--workers", str(self.workers)] if self.workers else [])]
 
 

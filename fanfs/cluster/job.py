@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..errors import FanfsError, UsageError
+from ..records import Auto
 from ..serve.daemon import MountOptions
 from ..util.mounts import mounted, unmount
 from ..util.runtime import RUNTIME_VARIABLE, UnsafeDirError, private_dir
@@ -150,7 +151,7 @@ def _stop(signum: int, frame: object) -> None:
     raise JobEnded(f"stopped by {signal.Signals(signum).name} before the mount served")
 
 
-def serve_node(store_root: str, mount: MountOptions, *, replicas: int, auto_ssim: float | None) -> int:
+def serve_node(store_root: str, mount: MountOptions, *, replicas: int, auto: dict[str, Auto]) -> int:
     """This node's part of the job (one task per node, all at once under srun): stage its shards,
     mount, serve until the job ends, then remove everything the job put on the node."""
     dirs = NodeDirs.from_environment()
@@ -161,7 +162,7 @@ def serve_node(store_root: str, mount: MountOptions, *, replicas: int, auto_ssim
     os.environ[RUNTIME_VARIABLE] = dirs.runtime
     try:
         options = NodeOptions(replace(mount, foreground=True), dirs.shards, replicas=replicas, stage=True,
-                              auto_ssim=auto_ssim, job_node=dirs.node)
+                              auto=auto, job_node=dirs.node)
         return mount_node(store_root, dirs.mountpoint, options, prepare=dirs.create)
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):  # the cleanup itself is not cut short

@@ -4,7 +4,7 @@ Every node mounts the same store with ``--local-dir``.  Alone, it is one node ho
 MPI is never used.  Under mpiexec/srun (one rank per node) the rank first forks its serving daemon
 (:mod:`.handoff`, :mod:`.serving`), then runs the job's collective start over MPI: every rank checks
 its mount point and store and all agree (a failure anywhere is the same one-line error everywhere),
-rank 0 reads the index and broadcasts it, ``auto:SSIM`` is measured once, the blobs are staged if
+rank 0 reads the index and broadcasts it, ``auto`` settings are resolved once, the blobs are staged if
 asked, every daemon's peer address and public key are gathered (:mod:`.peerwire`).  The daemons then
 serve each other over TCP, independent processes: one node's death (kill -9, OOM) or stop takes
 nothing else down, and the launcher, told not to clean up (``mpiexec -disable-auto-cleanup``;
@@ -19,18 +19,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from ..errors import FanfsError, StoreError
-from ..records import FULL, Presentation, blobs_read, check_presentation
+from .. import tune  # noqa: F401  (registers the resolvers of auto values)
+from ..records import Presentation, Value, blobs_read, check_presentation, resolve, unresolved
 from ..serve.control import MountLock
 from ..serve.daemon import Hooks, check_mountpoint, opened_paths, setup_logging, start
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
-from ..tune.fidelity import auto_fidelity
 from ..util.mounts import mounted, unmount
 from ..util.runtime import private_dir
 from .handoff import Handoff
@@ -62,18 +62,21 @@ def check_node_paths(store_root: str, mountpoint: str, local_dir: str) -> None:
         private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
 
 
-def job_fidelity(world: World, store_root: str, index: Index, min_ssim: float) -> int:
-    """``auto:SSIM`` for the whole job: rank 0 measures the curve (in-process, reading the shared
-    store), every rank gets the same K; no other rank reads the index or the shards for it."""
-    k, error = FULL, None
+def job_presentation(world: World, store_root: str, index: Index, values: Mapping[str, Value]) -> Presentation:
+    """The presentation ``values`` ask for, the same on every rank: ``auto`` values (``auto:SSIM``) are resolved
+    once for the whole job, by rank 0 (in-process, reading the shared store); no other rank reads the index or
+    the shards for it."""
+    if not unresolved(values):
+        return Presentation(values)
+    presentation, error = None, None
     if world.rank == 0:
         try:
-            k, note = auto_fidelity(Store(store_root, check_shards=False, index=index), min_ssim, jobs=1)
-            log.info("%s", note)
+            store = Store(store_root, check_shards=False, index=index)
+            presentation = resolve(store, values, processes=1, note=lambda text: log.info("%s", text))
         except (FanfsError, OSError) as err:
             error = str(err)
     world.agree(error)
-    return int(world.bcast(k))
+    return Presentation(world.bcast(presentation and dict(presentation)))
 
 
 def mount_node(store_root: str, mountpoint: str, options: NodeOptions,
@@ -102,8 +105,7 @@ def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: M
     check_node_paths(store_root, mountpoint, options.local_dir)
     world = World.detect()
     index = load_index(store_root, world)
-    if options.auto_ssim is not None:
-        options = _with_fidelity(options, job_fidelity(world, store_root, index, options.auto_ssim))
+    options = _resolved(options, world, store_root, index)
     check_presentation(index, options.mount.presentation)
     staged = _stage_if_asked(store_root, options, world, index)
     placement = place(index.blob_stored, 1, 1)
@@ -164,8 +166,7 @@ def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOp
         world = World.detect()
         world.agree(value if kind == "error" else None)
         index = load_index(store_root, world)
-        if options.auto_ssim is not None:
-            options = _with_fidelity(options, job_fidelity(world, store_root, index, options.auto_ssim))
+        options = _resolved(options, world, store_root, index)
         world.agree(_problem(lambda: check_presentation(index, options.mount.presentation)))
         staged = _stage_if_asked(store_root, options, world, index)
         placement = place(index.blob_stored, world.size, options.replicas)
@@ -194,9 +195,12 @@ def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOp
     return child.pid
 
 
-def _with_fidelity(options: NodeOptions, k: int) -> NodeOptions:
-    presentation = options.mount.presentation._replace(fidelity=k)
-    return dataclasses.replace(options, mount=dataclasses.replace(options.mount, presentation=presentation))
+def _resolved(options: NodeOptions, world: World, store_root: str, index: Index) -> NodeOptions:
+    """``options`` with the job's ``auto`` settings resolved (collective when there are some)."""
+    if not options.auto:
+        return options
+    presentation = job_presentation(world, store_root, index, {**options.mount.presentation, **options.auto})
+    return dataclasses.replace(options, auto={}, mount=dataclasses.replace(options.mount, presentation=presentation))
 
 
 def _problem(check: Callable[[], object]) -> str | None:

@@ -12,12 +12,12 @@ import logging
 import signal
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FanfsError
 from ..serve.control import MountLock
-from ..records import Presentation
+from ..records import Auto, Presentation
 from ..serve.daemon import Hooks, MountOptions, start
 from ..store import Store
 from ..store.format import INDEX_NAME
@@ -42,7 +42,7 @@ class NodeOptions:
     local_dir: str
     replicas: int = 1
     stage: bool = False  # stage the node's share into local_dir first
-    auto_ssim: float | None = None  # fidelity auto:SSIM, measured once for the job (rank 0)
+    auto: dict[str, Auto] = field(default_factory=dict)  # settings the store decides (auto:SSIM): once, by rank 0
     peer_timeout: float = 5.0
     job_node: str | None = None  # a Slurm job's node name (fanfs.cluster.job): the daemon ends with its task
 

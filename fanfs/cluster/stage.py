@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FanfsError
-from ..records import FULL, Presentation, blobs_read, expand
+from ..records import Presentation, blobs_read, expand
 from ..store.format import SHARD_DIR, SHARD_HEADER, shard_name
 from ..store.index import Index
 from ..store.sources import HeldShards
@@ -65,12 +65,12 @@ class StageReport:
     nodes: list[NodeReport]
     replicas: int
     seconds: float
-    presentation: Presentation = Presentation()
+    presentation: Presentation = field(default_factory=Presentation)
 
     def format(self) -> str:
         copied = sum(n.copied_bytes for n in self.nodes)
         skipped = sum(n.skipped_bytes for n in self.nodes)
-        at = ", ".join(f"{name} {value}" for name, value in self.presentation._asdict().items() if value != FULL)
+        at = self.presentation.describe(chosen_only=True)
         lines = [f"staged {len(self.nodes)} node(s), {self.replicas} replica(s) per shard{f' at {at}' if at else ''}: "
                  f"copied {human_size(copied)}, "
                  f"already there {human_size(skipped)}, in {self.seconds:.1f} s "
@@ -312,7 +312,7 @@ def write_staged(local_dir: str, store_id: str, presentation: Presentation) -> N
     """Record which presentation a staged directory holds (a mount reads the other layers elsewhere)."""
     path = os.path.join(local_dir, STAGED_NAME)
     with open(path + ".tmp", "w") as f:
-        json.dump({"store_id": store_id, **presentation._asdict()}, f)
+        json.dump({"store_id": store_id, **presentation}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
@@ -326,7 +326,7 @@ def staged_presentation(local_dir: str, store_id: str) -> Presentation | None:
         return None
     try:
         record = json.loads(os.read(fd, 4096))
-        staged = Presentation(**{name: int(record[name]) for name in Presentation._fields})
+        staged = Presentation({name: int(record[name]) for name in Presentation.NAMES})
     except (ValueError, KeyError, TypeError) as err:
         raise FanfsError(f"{local_dir}/{STAGED_NAME}: not a staging record ({err}): stage again") from None
     finally:
@@ -356,7 +356,7 @@ def staged_share(store_root: str, local_dir: str, index: Index, presentation: Pr
 
 def staged_stats(share: StagedShare, by_source: dict[str, int]) -> dict[str, Any]:
     """For ``fanfs stats``: what the node staged, and what it read from the shared store above it."""
-    return {"staged": share.presentation._asdict(), "shared_bytes": by_source.get(share.shared.name, 0)}
+    return {"staged": dict(share.presentation), "shared_bytes": by_source.get(share.shared.name, 0)}
 
 
 def _forget_staged(local_dir: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from .classify import CLASSES, classify
 from ..codecs import Codec, CodecError, codec_from_config
 from ..errors import FanfsError, UsageError
+from ..records import kind_named
 from ..util.files import read_regular
 
 PLAN_VERSION = 1
@@ -39,10 +40,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _is_float_record(record: Any) -> bool:
-    error = record.get("error") if isinstance(record, dict) else None
-    return (isinstance(record, dict) and record.get("kind") == "float" and isinstance(record.get("elf"), bool)
-            and (error is None or (type(error) in (int, float) and 0 < error < float("inf"))))
+def _record_problem(name: str, record: Any) -> str | None:
+    """Why class ``name`` cannot name ``record`` (the kind it names says); None if it can."""
+    if not isinstance(record, Mapping) or not isinstance(record.get("kind"), str):
+        return 'a record is {"kind": NAME, ...}'
+    try:
+        kind = kind_named(record["kind"])
+    except UsageError as err:
+        return str(err)
+    return kind.plan_record_problem(name, record)
 
 
 class PlanError(UsageError):
@@ -73,9 +79,9 @@ class Plan:
                 raise PlanError(f"plan class {name!r}: bad codec config {dict(config)!r}: {err}") from None
             entry["codec"] = codec.get_config()
             record = entry.get("record")
-            if record is not None and not (name == "float" and _is_float_record(record)):
-                raise PlanError(f"plan class {name!r}: bad record {record!r} (only the float class may name "
-                                "{\"kind\": \"float\", \"elf\": true|false, \"error\": EPS|null})")
+            problem = _record_problem(name, record) if record is not None else None
+            if problem:
+                raise PlanError(f"plan class {name!r}: bad record {record!r} ({problem})")
             self.table[name] = entry
             self._codecs.append(codec)
         self._index = {name: i for i, name in enumerate(CLASSES)}
@@ -90,6 +96,10 @@ class Plan:
     def record(self, name: str) -> dict[str, Any] | None:
         """The record form a class's files take (float records, lossless or ELF), or None: as they are."""
         return self.table[name].get("record")
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """Kind name -> the record a class names for it (what ``fanfs pack --plan`` makes of that class's files)."""
+        return {record["kind"]: record for entry in self.table.values() if (record := entry.get("record"))}
 
     def dictionaries(self) -> dict[str, bytes]:
         used = {c["codec"].get("dict") for c in self.table.values()}

@@ -8,17 +8,22 @@ the file's blobs, file-major; ``layers``; ``record``: the kind id).  A record ki
 * float records (:mod:`.floats`): the values of .npy/safetensors files as byte planes, one layer per
   plane, presented at a precision (the first 8k bits of each value).
 
-The store, the FUSE front, pack, info and verify hold no per-kind branch: they call a kind through this
-interface, looked up by the id stored in the index.  Adding a kind is one module defining a
-:class:`RecordKind` subclass decorated with :func:`register`, and its import at the end of this file.
+The store, the FUSE front, pack, info, verify, the command line and a Slurm job hold no per-kind branch:
+they call a kind through this interface, looked up by the id stored in the index (or by name), and read
+what kinds declare from this registry: presentation settings (:mod:`.settings`), pack and select options,
+what ``info`` says.  Adding a kind is one module (or folder) here defining a :class:`RecordKind` subclass
+decorated with :func:`register`, and its import below.
 
 A *view* is a kind's name for one presentation of a file (JPEG: K layers), :data:`FULL` for the whole
 file; :class:`Presentation` holds a mount's settings from which each kind derives its files' views.
 """
 
 from . import floats, jpeg, plain  # noqa: F401  (each registers its kind)
-from .base import (FULL, Packed, Presentation, Reader, RecordKind, blobs_read, check_presentation, expand, kind_table,
-                   kinds, read_all, register)
+from .base import (AddOption, Packed, Reader, RecordKind, blobs_read, check_presentation, expand, kind_named,
+                   kind_table, kinds, pack_kinds, read_all, register)
+from .settings import (FULL, Auto, Presentation, Setting, Value, parse, parse_all, register_resolver, resolve,
+                       setting, settings, unresolved)
 
-__all__ = ["FULL", "Packed", "Presentation", "Reader", "RecordKind", "blobs_read", "check_presentation", "expand",
-           "kind_table", "kinds", "read_all", "register"]
+__all__ = ["FULL", "AddOption", "Auto", "Packed", "Presentation", "Reader", "RecordKind", "Setting", "Value",
+           "blobs_read", "check_presentation", "expand", "kind_named", "kind_table", "kinds", "pack_kinds", "parse",
+           "parse_all", "read_all", "register", "register_resolver", "resolve", "setting", "settings", "unresolved"]

@@ -1,23 +1,20 @@
-"""The record-kind interface, its registry, and what kinds share (presentations, packed layers)."""
+"""The record-kind interface, its registry, and what kinds share (packed layers; presentations: :mod:`.settings`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, ClassVar, NamedTuple, Protocol
+from typing import Any, BinaryIO, ClassVar, Protocol
 
 import numpy as np
 
-FULL = 0xFFFF
-"""The view "everything": the original bytes (or, for a JPEG record, the whole progressive file)."""
+from ..errors import UsageError
+from .settings import FULL, Presentation, Setting, register_setting, settings
 
-
-class Presentation(NamedTuple):
-    """A mount's settings: JPEG records at ``fidelity`` layers, float records at ``precision`` bits (FULL: all)."""
-
-    fidelity: int = FULL
-    precision: int = FULL
+AddOption = Callable[..., Any]
+"""How a kind declares a command-line option: argparse's ``add_argument`` (a ``type=`` raising ValueError is
+reported with its message)."""
 
 
 class Cache(Protocol):
@@ -83,13 +80,26 @@ class RecordKind:
     kind_id: ClassVar[int]
     name: ClassVar[str]
     label: ClassVar[str]  # plural, for reports: "progressive JPEG records"
-    setting: ClassVar[str | None] = None  # the Presentation field this kind's views follow
+    setting: ClassVar[Setting | None] = None  # the presentation setting this kind's views follow
     setting_unit: ClassVar[int] = 1  # values of the setting are multiples of this
     since_format: ClassVar[int] = 1  # the first store format that may hold this kind
 
     def setting_range(self, index: Columns, entries: np.ndarray) -> tuple[int, int]:
         """The values of ``setting`` that mean something for these files (FULL is always allowed)."""
         return (FULL, FULL)
+
+    def setting_problem(self, index: Columns, entries: np.ndarray, value: int) -> str | None:
+        """Why ``entries`` (files of this kind) cannot be shown at ``value`` (not FULL) of the setting; None if
+        they can.  By default: a multiple of ``setting_unit`` within ``setting_range``."""
+        name = self.setting.name if self.setting else "?"
+        if value % self.setting_unit:
+            return f"{name} {value} is not a multiple of {self.setting_unit}"
+        low, high = self.setting_range(index, entries)
+        if (low, high) == (FULL, FULL):
+            return f"this store holds no files whose {name} can be chosen: use {name} full"
+        if not low <= value <= high:
+            return f"{name} {value} is out of range: this store's files take {low}..{high} or full"
+        return None
 
     # --- what a mount presents ----------------------------------------------------------------
 
@@ -120,10 +130,40 @@ class RecordKind:
         return None
 
     def describe(self, index: Columns, entries: np.ndarray) -> dict[str, Any]:
-        """What ``fanfs info`` says about the files of this kind."""
+        """What ``fanfs info`` says about the files of this kind (JSON; ``notes``: lines shown under its line)."""
         return {}
 
+    def summary(self, described: Mapping[str, Any]) -> str:
+        """What ``fanfs info`` adds to this kind's line, from :meth:`describe`'s answer (`` (layers: 6: 10)``)."""
+        return ""
+
     # --- pack ---------------------------------------------------------------------------------
+
+    @classmethod
+    def pack_options(cls, add: AddOption) -> None:
+        """Declare this kind's ``fanfs pack`` options (none by default)."""
+
+    @classmethod
+    def select_options(cls, add: AddOption) -> None:
+        """Declare this kind's ``fanfs select`` options (what select measures of it; none by default)."""
+
+    @classmethod
+    def for_pack(cls, options: Mapping[str, Any], plan_record: Mapping[str, Any] | None) -> RecordKind | None:
+        """The instance pack tries files with, as ``options`` (the parsed pack options, by dest) and the record a
+        selection plan names for one of its classes (``{"kind": name, ...}``, or None) ask; None: not used."""
+        return None
+
+    def pack_notes(self) -> list[str]:
+        """What pack says once about a store this instance packed (e.g. that it is lossy)."""
+        return []
+
+    def plan_record_problem(self, class_name: str, record: Mapping[str, Any]) -> str | None:
+        """Why a plan's content class ``class_name`` cannot name ``record`` (of this kind); None if it can."""
+        return f"{self.label} are not chosen by a plan"
+
+    def plan_label(self, record: Mapping[str, Any], codec: str) -> str:
+        """A plan class's record and the codec of its blobs, for reports (``float+zstd:3``)."""
+        return f"{self.name}+{codec}"
 
     def claims(self, head: bytes) -> bool:
         """Whether a file starting with ``head`` is one for this kind (content sniffing, not names)."""
@@ -156,15 +196,26 @@ _REGISTRY: dict[int, RecordKind] = {}
 
 
 def register(cls: type[RecordKind]) -> type[RecordKind]:
-    if cls.kind_id in _REGISTRY:
-        raise ValueError(f"record kind id {cls.kind_id} registered twice")
+    if cls.kind_id in _REGISTRY or cls.name in (kind.name for kind in _REGISTRY.values()):
+        raise ValueError(f"record kind {cls.kind_id} ({cls.name}) registered twice")
     _REGISTRY[cls.kind_id] = cls()
+    if cls.setting is not None:
+        register_setting(cls.setting, cls.kind_id)
     return cls
 
 
+def kind_named(name: str) -> RecordKind:
+    """The kind called ``name`` (as the index's header and plans name kinds); UsageError if none is."""
+    for kind in _REGISTRY.values():
+        if kind.name == name:
+            return kind
+    known = ", ".join(kind.name for kind in _REGISTRY.values())
+    raise UsageError(f"no record kind is called {name!r}: this fanfs knows {known}")
+
+
 def kinds() -> dict[int, RecordKind]:
-    """Every registered kind by id (reading instances, default options)."""
-    return dict(_REGISTRY)
+    """Every registered kind by id, in id order (reading instances, default options)."""
+    return dict(sorted(_REGISTRY.items()))
 
 
 def kind_table() -> list[RecordKind | None]:
@@ -176,25 +227,27 @@ def kind_table() -> list[RecordKind | None]:
 
 
 def check_presentation(index: Columns, presentation: Presentation) -> Presentation:
-    """``presentation`` if every setting in it is one the store's files can take; UsageError naming the range if not."""
-    from ..errors import UsageError
-    for name, value in presentation._asdict().items():
+    """``presentation`` if every setting in it is one the store's files can take; UsageError naming why if not."""
+    files = None
+    for setting in settings():
+        value = presentation[setting.name]
         if type(value) is not int:
-            raise UsageError(f"{name} must be a whole number or full, not {value!r}")
+            raise UsageError(f"{setting.name} must be a whole number or full, not {value!r}")
         if value == FULL:
             continue
-        mine = [kind for kind in _REGISTRY.values() if kind.setting == name]
-        unit = max((kind.setting_unit for kind in mine), default=1)
-        if value % unit:
-            raise UsageError(f"{name} {value} is not a multiple of {unit}")
-        ranges = [kind.setting_range(index, np.flatnonzero(index.record == kind.kind_id)) for kind in mine]
-        ranges = [r for r in ranges if r != (FULL, FULL)]
-        if not ranges:
-            raise UsageError(f"this store holds no files whose {name} can be chosen: use {name} full")
-        low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        if not low <= value <= high:
-            raise UsageError(f"{name} {value} is out of range: this store's files take {low}..{high} or full")
+        files = np.flatnonzero(index.type == 1) if files is None else files
+        problems = [kind.setting_problem(index, files[index.record[files] == kind_id], value)
+                    for kind_id, kind in _REGISTRY.items() if kind.setting is setting]
+        if None not in problems:
+            raise UsageError(problems[0])
     return presentation
+
+
+def pack_kinds(options: Mapping[str, Any], plan_records: Mapping[str, Mapping[str, Any]]) -> list[RecordKind]:
+    """The kinds ``fanfs pack`` tries, in id order, as the parsed pack options and a plan's records (kind name ->
+    record) ask."""
+    chosen = (kind.for_pack(options, plan_records.get(kind.name)) for kind in kinds().values())
+    return [kind for kind in chosen if kind is not None]
 
 
 def blobs_read(index: Columns, presentation: Presentation) -> np.ndarray:

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FanfsError, UsageError
-from ..records import FULL, Presentation
+from .. import records
+from ..records import FULL
 from ..util.runtime import create_private, runtime_dir
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -123,12 +124,11 @@ def presenter(mountpoint: str, setting: str) -> Callable[[int], dict[str, Any]]:
     Files opened afterwards get it; what is open keeps its bytes.  For :class:`fanfs.tune.plateau.PlateauSchedule`,
     from the training process (DataLoader workers need nothing: they open files after the change).
     """
-    if setting not in Presentation._fields:
-        raise UsageError(f"a mount's settings are {', '.join(Presentation._fields)}, not {setting!r}")
+    known = records.setting(setting)  # UsageError naming the settings if there is none of that name
 
     def apply(value: int) -> dict[str, Any]:
         if type(value) is not int or not 0 < value <= FULL:
-            raise UsageError(f"{setting} must be a positive whole number or FULL, not {value!r}")
+            raise UsageError(f"{known.name} must be a positive whole number or FULL, not {value!r}")
         return request(mountpoint, {"cmd": "present", setting: value}, timeout=600)
 
     return apply

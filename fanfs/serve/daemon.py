@@ -166,7 +166,7 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
 def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None,
                hooks: Hooks | None = None) -> None:
     """Serve ``store`` at ``mountpoint`` from this process (and its serving processes) until unmounted."""
-    from .fusefs import FanfsFS, describe, serve
+    from .fusefs import FanfsFS, serve
     from .workers import merge_counters
 
     configure_server()
@@ -174,7 +174,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     processes = None  # the serving processes, once forked (fanfs.serve.workers)
 
     def ready() -> None:
-        log.info("serving %s at %s (pid %d, %s)", store.root, mountpoint, os.getpid(), describe(fs.presentation))
+        log.info("serving %s at %s (pid %d, %s)", store.root, mountpoint, os.getpid(), fs.presentation.describe())
         if ready_fd is not None:
             _report(ready_fd, "ready")
         if hooks.on_ready is not None:
@@ -193,22 +193,22 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     def stats(message: dict[str, Any]) -> dict[str, Any]:
         parts = processes.counters() if processes is not None else [counters()]
         summed = merge_counters(parts)
-        return {"store": store.root, **fs.presentation._asdict(), "workers": options.workers,
+        return {"store": store.root, **fs.presentation, "workers": options.workers,
                 "reads_by_process": [part["reads"] for part in parts], **summed,
                 **(hooks.extra_stats(summed) if hooks.extra_stats else {})}
 
     def present(message: dict[str, Any]) -> dict[str, Any]:
         settings = {k: v for k, v in message.items() if k != "cmd"}
-        unknown = set(settings) - set(Presentation._fields)
+        unknown = set(settings) - set(Presentation.NAMES)
         if unknown or not settings:
-            raise ValueError(f"a presentation sets {', '.join(Presentation._fields)}; got {sorted(settings)}")
-        return fs.set_presentation(fs.presentation._replace(**settings))
+            raise ValueError(f"a presentation sets {', '.join(Presentation.NAMES)}; got {sorted(settings)}")
+        return fs.set_presentation(fs.presentation.replace(**settings))
 
     fs = FanfsFS(store, options.presentation, ready)
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
     server = control.ControlServer(mountpoint, {
         "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
-                             "workers": options.workers, **fs.presentation._asdict()},
+                             "workers": options.workers, **fs.presentation},
         "stats": stats,
         "present": present,
     })

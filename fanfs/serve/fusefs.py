@@ -84,8 +84,7 @@ class Shown:
     made by one process; the others see the new generation at their next lookup."""
 
     def __init__(self, entries: int, presentation: Presentation) -> None:
-        self._kind = type(presentation)
-        fields = len(presentation)
+        fields = len(Presentation.NAMES)
         self._memory = mmap.mmap(-1, 8 * (1 + fields) + 2 * entries)
         self._settings = memoryview(self._memory)[:8 * (1 + fields)].cast("q")  # generation, then the values
         self.named = np.frombuffer(self._memory, np.uint16, entries, offset=8 * (1 + fields))
@@ -96,14 +95,14 @@ class Shown:
         settings = self._settings
         generation = settings[0]
         if generation != self._seen:
-            self._current = self._kind(*settings[1:].tolist())
+            self._current = Presentation.from_values(settings[1:].tolist())
             self._seen = generation
         return self._current
 
     def set(self, presentation: Presentation) -> None:
         """The values first, then the generation: a process that sees the new generation sees the new values."""
-        for i, value in enumerate(presentation, 1):
-            self._settings[i] = value
+        for i, name in enumerate(Presentation.NAMES, 1):
+            self._settings[i] = presentation[name]
         self._settings[0] += 1
 
 
@@ -249,8 +248,8 @@ class FanfsFS:
             invalidated = self._invalidate_stale()
             time.sleep(SETTLE_SECONDS)  # lookups answered just before the switch are in flight: catch them too
             invalidated += self._invalidate_stale()
-        log.info("presenting %s: %d cached names invalidated", describe(presentation), invalidated)
-        return {**presentation._asdict(), "invalidated": invalidated}
+        log.info("presenting %s: %d cached names invalidated", presentation.describe(), invalidated)
+        return {**presentation, "invalidated": invalidated}
 
     def _invalidate_stale(self) -> int:
         named = self._named
@@ -273,11 +272,6 @@ class FanfsFS:
             if delay:
                 time.sleep(delay)
         return done
-
-
-def describe(presentation: Presentation) -> str:
-    """``fidelity 5`` / ``fidelity full``: a presentation for logs and messages."""
-    return ", ".join(f"{name} {'full' if value == FULL else value}" for name, value in presentation._asdict().items())
 
 
 INVALIDATE_DELAY = float(os.environ.get("FANFS_DEBUG_INVALIDATE_DELAY", "0") or 0)

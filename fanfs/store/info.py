@@ -7,8 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..codecs import codec_from_config
-from ..records import kinds
-from ..records.floats import record_label
+from ..records import kind_named, kinds
 from ..util.units import human_size
 from .format import FILE
 from .reader import Store
@@ -62,7 +61,8 @@ def _plan_classes(store: Store) -> list[dict[str, Any]]:
         stats = store.meta["codec_stats"].get(str(ix), {"files": 0, "raw": 0, "stored": 0})
         codec = codec_from_config(store.meta["codecs"][ix], store.index.dictionaries)
         record = entry.get("record")
-        out.append({"class": name, "codec": record_label(record, codec.spec) if record else codec.spec, "files": stats["files"], "raw": stats["raw"],
+        label = kind_named(record["kind"]).plan_label(record, codec.spec) if record else codec.spec
+        out.append({"class": name, "codec": label, "files": stats["files"], "raw": stats["raw"],
                     "stored": stats["stored"], "measured": entry.get("measured", True),
                     "ratio": round(stats["raw"] / stats["stored"], 3) if stats["stored"] else None,
                     "predicted_ratio": entry.get("predicted_ratio")})
@@ -81,10 +81,8 @@ def format_info(info: dict[str, Any]) -> str:
         f"index {human_size(info['index_bytes'])}",
     ]
     for name, r in info["records"].items():
-        layers = ", ".join(f"{k}: {v}" for k, v in r.get("layers", {}).items())
-        planes = ", ".join(f"{k}: {v}" for k, v in r.get("planes", {}).items())
-        lines.append(f"{name:<10} {r['files']:,} {r['label']}" + (f" (layers: {layers})" if layers else "")
-                     + (f" (planes: {planes})" if planes else "") + f", {r['fallbacks']:,} kept as plain files")
+        lines.append(f"{name:<10} {r['files']:,} {r['label']}{kind_named(name).summary(r)}, "
+                     f"{r['fallbacks']:,} kept as plain files")
         lines.extend(f"{'':<10} {note}" for note in r.get("notes", []))
     width = max([len("codec"), *(len(c["codec"]) for c in info["codecs"])])
     lines.append(f"{'codec':<{width}}   files        raw     stored   ratio")

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError, UsageError
-from ..records.jpeg import JpegRecords
+from ..records import kind_named
 from ..serve.control import ControlError, request
 from ..store import Store
 from ..store.format import FILE
@@ -35,7 +35,7 @@ def jpeg_records(mountpoint: str | os.PathLike) -> Iterator[tuple[Store, np.ndar
     store = Store(mount_status(mountpoint)["store"], check_shards=False)
     try:
         index = store.index
-        records = np.flatnonzero((index.record == JpegRecords.kind_id) & (index.type == FILE))
+        records = np.flatnonzero((index.record == kind_named("jpeg").kind_id) & (index.type == FILE))
         if records.size == 0:
             raise StoreError(f"the store mounted at {os.fspath(mountpoint)} holds no progressive JPEG records, "
                              "so its fidelity changes nothing: pack with --progressive-jpeg")

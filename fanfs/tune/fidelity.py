@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import StoreError, UsageError
-from ..records import FULL
+from ..records import FULL, Auto, register_resolver
 from ..records.jpeg import MAX_SIZE, JpegRecords
 from ..store import Store
 from ..util.files import read_regular
@@ -51,24 +51,6 @@ class FidelityCurve:
             if value >= min_ssim:
                 return k
         return FULL
-
-
-def parse_fidelity(text: str) -> int | float:
-    """``full`` -> FULL, ``5`` -> 5, ``auto:0.95`` -> 0.95 (a float: the SSIM bar to meet)."""
-    value = text.strip().lower()
-    if value == "full":
-        return FULL
-    if value.startswith("auto:"):
-        try:
-            bar = float(value[5:])
-        except ValueError:
-            bar = -1.0
-        if not 0 < bar <= 1:
-            raise ValueError(f"bad fidelity {text!r}: auto takes an SSIM bar in (0, 1], e.g. auto:0.95")
-        return bar
-    if value.isdigit() and 1 <= int(value) < FULL:
-        return int(value)
-    raise ValueError(f"bad fidelity {text!r}: use a layer count K >= 1, 'full', or auto:SSIM (e.g. auto:0.95)")
 
 
 AUTO_SAMPLE = 100
@@ -200,6 +182,13 @@ def auto_fidelity(store: Store, min_ssim: float, jobs: int | None = None) -> tup
     k = curve.recommend(min_ssim)
     return k, (f"fidelity auto:{min_ssim} -> {'full' if k == FULL else k} (smallest K with mean SSIM >= "
                f"{min_ssim} over {curve.images} sampled images)")
+
+
+def _resolve_auto(store: Store, auto: Auto, processes: int | None) -> tuple[int, str]:
+    return auto_fidelity(store, auto.argument, jobs=processes)
+
+
+register_resolver("fidelity", _resolve_auto)  # fidelity auto:SSIM, wherever a presentation is resolved
 
 
 def format_curve(curve: FidelityCurve, min_ssim: float) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..records.jpeg import decode_pixels as decode
+from ..util.images import decode_pixels as decode
 
 __all__ = ["decode", "ssim", "ms_ssim", "MS_SSIM_WEIGHTS"]
 

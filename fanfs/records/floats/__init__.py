@@ -1,6 +1,8 @@
 """Float records: the kind (:mod:`.kind`), values as byte-plane codes (:mod:`.coding`), where a file's values
-lie (:mod:`.values`) and a record's header and writer (:mod:`.layout`)."""
+lie (:mod:`.values`), a record's header and writer (:mod:`.layout`), and what the kind declares: its precision
+setting and pack options (:mod:`.options`)."""
 
-from .kind import FloatRecords, parse_precision, record_label
+from .kind import FloatRecords
+from .options import PRECISION, record_label
 
-__all__ = ["FloatRecords", "parse_precision", "record_label"]
+__all__ = ["PRECISION", "FloatRecords", "record_label"]

@@ -25,44 +25,26 @@ import bisect
 import os
 import struct
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from ...errors import DataError
-from ..base import FULL, Columns, Packed, Presentation, Reader, RecordKind, register
+from ..base import FULL, AddOption, Columns, Packed, Presentation, Reader, RecordKind, register
 from .coding import ELF_DTYPES, SPECS, Coding, SideError, elf_bits
 from .values import find_values, sniff
 from .layout import HEADER, Layout, RecordWriter, parse_layout
+from .options import (MAX_PLANES, PRECISION, add_pack_options, add_select_options, asked, plan_record_problem,
+                      record_label)
 from ..plain import CHUNK_SIZE
-
-MAX_PLANES = 8
-
-
-def parse_precision(text: str) -> int:
-    """``full`` -> FULL, ``16`` -> 16: bits of each value as stored, a multiple of 8."""
-    value = text.strip().lower()
-    if value == "full":
-        return FULL
-    if value.isdigit() and 8 <= int(value) < 8 * MAX_PLANES and int(value) % 8 == 0:
-        return int(value)
-    raise ValueError(f"bad precision {text!r}: use a number of bits that is a multiple of 8 (8, 16, 24, ...) or 'full'")
-
-
-def record_label(record: dict[str, Any], codec: str) -> str:
-    """``float+zstd:3`` / ``elf:1e-06+zstd:3``: a float-record form and the codec of its blobs, for reports."""
-    if not record.get("elf"):
-        return f"float+{codec}"
-    error = record.get("error")
-    return f"elf:{'limit' if error is None else format(error, 'g')}+{codec}"
-
 
 @register
 class FloatRecords(RecordKind):
     kind_id = 2
     name = "float"
     label = "float records"
-    setting = "precision"
+    setting = PRECISION
     setting_unit = 8
     since_format = 2
 
@@ -80,11 +62,11 @@ class FloatRecords(RecordKind):
         return (8, 8 * (planes - 1)) if planes >= 2 else (FULL, FULL)
 
     def view(self, index: Columns, entry: int, presentation: Presentation) -> int:
-        kept = presentation.precision // 8
+        kept = presentation[PRECISION.name] // 8
         return kept if kept < int(index.layers[entry]) - 1 else FULL
 
     def views(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
-        kept = presentation.precision // 8
+        kept = presentation[PRECISION.name] // 8
         return np.where(index.layers[entries].astype(np.int64) - 1 > kept, kept, FULL).astype(np.int64)
 
     def read(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> bytes:
@@ -192,7 +174,36 @@ class FloatRecords(RecordKind):
                             "(float16/bfloat16 files are lossless)"]
         return out
 
+    def summary(self, described: Mapping[str, Any]) -> str:
+        planes = ", ".join(f"{k}: {v}" for k, v in described.get("planes", {}).items())
+        return f" (planes: {planes})" if planes else ""
+
     # --- pack ---------------------------------------------------------------------------------
+
+    @classmethod
+    def pack_options(cls, add: AddOption) -> None:
+        add_pack_options(add)
+
+    @classmethod
+    def select_options(cls, add: AddOption) -> None:
+        add_select_options(add)
+
+    @classmethod
+    def for_pack(cls, options: Mapping[str, Any], plan_record: Mapping[str, Any] | None) -> RecordKind | None:
+        arguments = asked(options, plan_record)
+        return None if arguments is None else cls(**arguments)
+
+    def pack_notes(self) -> list[str]:
+        if not self.elf:
+            return []
+        bound = "the last mantissa bit" if self.error is None else format(self.error, "g")
+        return [f"LOSSY store: float32/float64 values are kept with ELF, each within {bound} of its source"]
+
+    def plan_record_problem(self, class_name: str, record: Mapping[str, Any]) -> str | None:
+        return plan_record_problem(class_name, record)
+
+    def plan_label(self, record: Mapping[str, Any], codec: str) -> str:
+        return record_label(record, codec)
 
     def claims(self, head: bytes) -> bool:
         return sniff(head)

@@ -1,6 +1,8 @@
 """Progressive JPEG records: the kind (:mod:`.kind`), the JPEG format it cuts (:mod:`.markers`), the scan
-scripts it may follow (:mod:`.scans`) and the lossless transcoder (:mod:`.transcode`)."""
+scripts it may follow (:mod:`.scans`), the lossless transcoder (:mod:`.transcode`), and what the kind declares:
+its fidelity setting and pack options (:mod:`.options`)."""
 
-from .kind import MAX_SIZE, JpegRecords, decode_pixels
+from .kind import MAX_SIZE, JpegRecords
+from .options import FIDELITY
 
-__all__ = ["MAX_SIZE", "JpegRecords", "decode_pixels"]
+__all__ = ["FIDELITY", "MAX_SIZE", "JpegRecords"]

@@ -8,14 +8,16 @@ decode is a coarser image.  Layers are stored as they are (scans are entropy-cod
 
 from __future__ import annotations
 
-import io
+from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from ...util.checksum import checksum
-from ..base import Columns, FULL, Packed, Presentation, Reader, RecordKind, expand, read_all, register
+from ...util.images import decode_pixels
+from ..base import AddOption, Columns, FULL, Packed, Presentation, Reader, RecordKind, expand, read_all, register
 from .markers import EOI, JpegError, looks_like_jpeg, split_layers
+from .options import FIDELITY, add_pack_options, scans_asked
 from .scans import DEFAULT_SCANS, LIBJPEG, scan_script
 from .transcode import to_progressive
 
@@ -28,7 +30,7 @@ class JpegRecords(RecordKind):
     kind_id = 1
     name = "jpeg"
     label = "progressive records"
-    setting = "fidelity"
+    setting = FIDELITY
 
     def __init__(self, scans: str = DEFAULT_SCANS) -> None:
         """``scans``: a preset name, ``libjpeg`` or a scan-script file (:func:`.scans.scan_script`)."""
@@ -41,16 +43,16 @@ class JpegRecords(RecordKind):
         return (1, int(index.layers[files].max())) if files.size else (FULL, FULL)
 
     def view(self, index: Columns, entry: int, presentation: Presentation) -> int:
-        k = presentation.fidelity
+        k = presentation[FIDELITY.name]
         return k if k < int(index.layers[entry]) else FULL
 
     def views(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
-        k = presentation.fidelity
+        k = presentation[FIDELITY.name]
         return np.where(index.layers[entries] > k, k, FULL).astype(np.int64)
 
     def blobs_read(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
         """Layer i is blob ``first + i``: the first K of each record."""
-        shown = np.minimum(index.layers[entries].astype(np.int64), presentation.fidelity)
+        shown = np.minimum(index.layers[entries].astype(np.int64), presentation[FIDELITY.name])
         return expand(index.first[entries], shown)[0]
 
     def size(self, reader: Reader, entry: int, view: int) -> int:
@@ -109,7 +111,20 @@ class JpegRecords(RecordKind):
             out["notes"] = [f"scan script: {name or 'custom (from a file)'}"]
         return out
 
+    def summary(self, described: Mapping[str, Any]) -> str:
+        layers = ", ".join(f"{k}: {v}" for k, v in described.get("layers", {}).items())
+        return f" (layers: {layers})" if layers else ""
+
     # --- pack ---------------------------------------------------------------------------------
+
+    @classmethod
+    def pack_options(cls, add: AddOption) -> None:
+        add_pack_options(add)
+
+    @classmethod
+    def for_pack(cls, options: Mapping[str, Any], plan_record: Mapping[str, Any] | None) -> RecordKind | None:
+        scans = scans_asked(options)
+        return None if scans is None else cls(scans)
 
     def claims(self, head: bytes) -> bool:
         return looks_like_jpeg(head[:4])
@@ -138,20 +153,6 @@ class JpegRecords(RecordKind):
     def pack_config(self) -> dict[str, Any] | None:
         script = self.scan_script
         return {"scan_script": script.text if script else None, "scan_preset": script.name if script else LIBJPEG}
-
-
-def decode_pixels(data: bytes) -> np.ndarray:
-    """Decode an image to uint8 HxW (grayscale) or HxWx3 (anything else, via RGB).
-
-    Truncated data raises (Pillow's LOAD_TRUNCATED_IMAGES is left False), so a broken presented file
-    is never mistaken for a coarse one.
-    """
-    from PIL import Image
-    with Image.open(io.BytesIO(data)) as im:
-        im.load()
-        if im.mode not in ("L", "RGB"):
-            im = im.convert("RGB")
-        return np.asarray(im)
 
 
 def _range_sums(values: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
