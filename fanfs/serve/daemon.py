@@ -278,10 +278,11 @@ class _WarningCount(logging.Handler):
         self.count += 1
 
 
-def setup_logging(debug: bool, node_name: str | None = None) -> _WarningCount:
-    """Log to stderr (a detached daemon's stderr is its log file), lines tagged with the pid or job node."""
+def setup_logging(debug: bool, tag: str | None = None) -> _WarningCount:
+    """Log to stderr (a detached daemon's stderr is its log file), lines tagged with ``tag`` (the caller's name
+    for this process, e.g. a job's node) or else the pid."""
     handler = logging.StreamHandler(sys.stderr)
-    tag = node_name or os.getpid()
+    tag = tag or str(os.getpid())
     handler.setFormatter(logging.Formatter(f"%(asctime)s fanfs[{tag}] %(levelname)s %(message)s"))
     warnings = _WarningCount()
     root = logging.getLogger()
