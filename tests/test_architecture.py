@@ -1,4 +1,6 @@
-"""Issue 9: the package's shape holds: layers import only downwards, no import cycles, short modules.
+"""Issues 9 and 18: the package's shape holds: layers import only downwards, no import cycles, short modules,
+every folder in the layer table and the README's, ruff's rules; serve knows no cluster; record kinds are
+reached only through their registry.
 
 Layers, lowest first (a module may import its own layer's package and any lower layer):
 errors/util -> codecs -> records -> store -> pack | tune -> serve -> cluster | train -> cli.
@@ -108,3 +110,64 @@ def test_ruff_passes():
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "fanfs", "tools", "tests"], cwd=REPO,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_package_folder_is_in_the_layer_table_and_the_readme():
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders <= set(RANK) | set(GROUP), folders - set(RANK) - set(GROUP)
+    readme = (REPO / "README.rst").read_text()
+    assert not [name for name in folders if f"``fanfs/{name}/``" not in readme]
+
+
+def test_serve_imports_nothing_of_cluster_or_train():
+    """The mount takes a ready store and hooks from whoever mounts (a single node, a cluster node, a Slurm step)."""
+    bad = [f"{module} -> {target}" for module, targets in graph().items() if layer(module) == "serve"
+           for target in targets if layer(target) in ("cluster", "train")]
+    assert not bad, bad
+
+
+KIND_TOOLS = {"fanfs.tune.fidelity": "fanfs.records.jpeg", "fanfs.pack.select.floatprobe": "fanfs.records.floats"}
+"""Modules that are one kind's own tools (the fidelity curve of JPEG records, select's measure of float records),
+and the kind they may import."""
+
+
+REGISTRY = {"fanfs.records", "fanfs.records.base", "fanfs.records.settings"}
+"""The registry and the interface of record kinds (what ``fanfs.records`` exports)."""
+
+
+def test_record_kinds_are_reached_only_through_the_registry():
+    """Outside fanfs/records/, only the registry is imported: never a kind's own module."""
+    bad = []
+    for module, targets in graph().items():
+        if layer(module) == "records":
+            continue
+        for target in targets:
+            if layer(target) == "records" and target not in REGISTRY \
+                    and not target.startswith(KIND_TOOLS.get(module, "-")):
+                bad.append(f"{module} -> {target}")
+    assert not bad, "kind modules imported outside fanfs/records/: " + ", ".join(sorted(bad))
+
+
+def test_a_kinds_options_are_declared_by_the_kind_alone():
+    """No module outside fanfs/records/ spells an option or a job variable a kind declares (``--fidelity``,
+    ``--progressive-jpeg``, ``FANFS_PRECISION``...): they all read them from the registry.  The demo is a user's
+    session typed out, so it may."""
+    from fanfs.records import kinds, settings
+    declared = {flag for setting in settings() for flag in (setting.option, setting.variable)}
+
+    def add(*flags: str, **kwargs: object) -> None:
+        declared.update(flags)
+
+    for kind in kinds().values():
+        kind.pack_options(add)
+        kind.select_options(add)
+    assert {"--fidelity", "--precision", "--progressive-jpeg", "--float-error", "FANFS_FIDELITY"} <= declared
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        module = module_name(path)
+        if layer(module) == "records" or module == "fanfs.cli.demo":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in declared:
+                bad.append(f"{module}:{node.lineno} {node.value}")
+    assert not bad, bad

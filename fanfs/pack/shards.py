@@ -19,8 +19,7 @@ import numpy as np
 
 from ..codecs import Codec
 from ..errors import FanfsError
-from ..records import Packed, RecordKind
-from ..records.plain import PlainFiles
+from ..records import Packed, PlainFiles, RecordKind
 from ..store.format import shard_header
 from ..store.schema import BLOB_COLUMNS
 from ..util.checksum import Digest, checksum

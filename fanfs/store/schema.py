@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import StoreError
-from ..records.plain import CHUNK_SIZE
+from ..records import CHUNK_SIZE
 
 # Column -> dtype; every one must be present with exactly this type.
 ENTRY_COLUMNS = {

@@ -8,7 +8,7 @@ import random
 import stat
 from dataclasses import dataclass
 
-from ...records.plain import CHUNK_SIZE
+from ...records import CHUNK_SIZE
 from ..classify import SNIFF, classify, float_width
 from .demand import SelectError
 
