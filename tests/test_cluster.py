@@ -34,7 +34,8 @@ from fanfs.store.index import Index
 
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 NODES = 3
-pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip mpich's mpiexec (tools/setup --test)")
+pytestmark = [pytest.mark.slow,  # mpiexec jobs of 3 nodes
+              pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip mpich's mpiexec (tools/setup --test)")]
 
 
 @pytest.fixture(scope="module")

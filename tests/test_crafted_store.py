@@ -109,6 +109,7 @@ def _random_edit(rng: random.Random):
     return edit
 
 
+@pytest.mark.slow
 def test_fuzzed_indexes_are_refused_or_read_safely(real_store, tmp_path):
     rng = random.Random(8)
     refused = served = 0

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from fanfs_command import fanfs
 
 
+@pytest.mark.slow
 def test_demo_end_to_end(tmp_path):
     done = fanfs("demo", "--workdir", tmp_path / "demo", timeout=600)
     assert "all exact" in done.stdout and ", 0 mismatches" in done.stdout

@@ -96,6 +96,7 @@ def start_fanfs(*args: str) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_any_moment_of_a_pack_is_one_line(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
@@ -210,6 +211,7 @@ def test_a_failed_mount_says_libfuse_s_reason_in_one_line(store):
         shutil.rmtree(base)
 
 
+@pytest.mark.slow
 def test_a_blob_that_decodes_to_the_wrong_size_is_eio_and_logged_once(store, tmp_path, mount):
     """A crafted store (valid checksums) whose blob is a zstd frame of fewer bytes than the index says."""
     import numpy as np

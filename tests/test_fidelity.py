@@ -61,6 +61,7 @@ def test_records_and_fallbacks(jpeg_store):
     s.close()
 
 
+@pytest.mark.slow
 def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
     src, store, samples = jpeg_store
     s = Store(str(store))
@@ -87,6 +88,7 @@ def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
     s.close()
 
 
+@pytest.mark.slow
 def test_low_fidelity_reads_fewer_bytes(jpeg_store, mount):
     src, store, samples = jpeg_store
     stored = {}
@@ -145,6 +147,7 @@ def test_control_never_shows_in_listings(jpeg_store, mount):
         assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
 
 
+@pytest.mark.slow
 def test_fidelity_report_json_and_plot(jpeg_store, tmp_path):
     src, store, samples = jpeg_store
     plot = tmp_path / "fidelity.png"

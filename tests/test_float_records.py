@@ -181,6 +181,7 @@ def test_verify_catches_a_value_beyond_the_bound(floats, tmp_path):
     assert done.returncode == 1 and "minilm_f32.npy: a value differs from the source by more than 1e-06" in done.stderr
 
 
+@pytest.mark.slow
 def test_mount_every_precision_same_sizes_loaders_agree_fewer_bytes(floats, mount):
     from safetensors.numpy import load_file
     from safetensors.torch import load_file as torch_load_file
@@ -229,6 +230,7 @@ def test_mount_every_precision_same_sizes_loaders_agree_fewer_bytes(floats, moun
     assert read_at["16"] <= 0.7 * read_at["full"]  # float16/bfloat16 files are whole at 16 bits
 
 
+@pytest.mark.slow
 def test_bad_precisions_are_one_line(floats, tmp_path, mount):
     src, _, stores = floats
     store = stores["lossless"][0]
@@ -276,6 +278,7 @@ def test_a_lying_index_gets_refused_or_eio_never_wrong_bytes(floats, tmp_path):
             assert data == Store(str(stores["lossless"][0])).read_file(path, kept), (column, change)
 
 
+@pytest.mark.slow
 def test_real_minilm_whole(tmp_path):
     """The whole 90.9 MB all-MiniLM-L6-v2: byte-exact, the ratios the issue measures, precision 16 <= 52%."""
     src = tmp_path / "src"

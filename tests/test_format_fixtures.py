@@ -52,6 +52,7 @@ def test_fixture_reads_in_process(fixture):
     s.close()
 
 
+@pytest.mark.slow
 def test_fixture_verifies_and_mounts(fixture, mount):
     store_path, manifest, _ = fixture
     assert fanfs("verify", store_path, "--quiet").stdout.startswith("ok:")

@@ -18,7 +18,8 @@ from fanfs_command import fanfs
 from support.processes import fd_targets, live_mpi_segments, mpi_segments_since
 from test_cluster import MPIEXEC, NODES, Job, assert_exact, dataset, finish, mpiexec  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip mpich's mpiexec (tools/setup --test)")
+pytestmark = [pytest.mark.slow,  # mpiexec jobs of 3 nodes
+              pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip mpich's mpiexec (tools/setup --test)")]
 
 
 def _launcher_pids(job: Job) -> list[int]:

@@ -31,6 +31,7 @@ def torture(tmp_path_factory):
     return src, store
 
 
+@pytest.mark.slow
 def test_pack_verify_against_source(torture):
     src, store = torture
     done = fanfs("verify", store, "--against", src, "--quiet")
@@ -50,6 +51,7 @@ def test_every_file_byte_exact_through_mount(torture, mount):
         assert out == (src / "train" / "cat" / "1.txt").read_bytes()
 
 
+@pytest.mark.slow
 def test_sparse_file_read_past_4gib_without_reading_it_all(torture, mount):
     src, store = torture
     with mount(store) as mnt:
@@ -104,6 +106,7 @@ def damaged_copy(store: Path, bad: Path, victim: bytes, at: int = 0, flip: int =
     return shard
 
 
+@pytest.mark.slow
 def test_flipped_byte_gives_eio_on_that_file_only(torture, tmp_path, mount):
     src, store = torture
     bad = tmp_path / "bad"
@@ -167,6 +170,7 @@ def test_pack_of_unreadable_file_fails_cleanly(torture, tmp_path, mount):
     assert not out.exists() and not list(tmp_path.glob("out.*"))
 
 
+@pytest.mark.slow
 def test_interrupted_pack_leaves_nothing(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
@@ -187,6 +191,7 @@ def test_interrupted_pack_leaves_nothing(tmp_path):
     assert (store / "index").exists()
 
 
+@pytest.mark.slow
 def test_umount_and_signals(torture, tmp_path):
     src, store = torture
     mnt = tmp_path / "mnt"
@@ -255,6 +260,7 @@ def test_foreground_mount_ends_cleanly_on_a_stop_signal(torture, tmp_path, sig):
         force_unmount(mnt)
 
 
+@pytest.mark.slow
 def test_bad_options_are_one_line_errors(torture, tmp_path):
     src, store = torture
     for args in (["pack", src, tmp_path / "x", "--codec", "zstd:99"], ["pack", src, tmp_path / "y", "--codec", "brotli"],

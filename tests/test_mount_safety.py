@@ -28,6 +28,7 @@ def stores(tmp_path_factory):
     return base
 
 
+@pytest.mark.slow
 def test_two_mounts_of_one_point_at_once_never_stack(stores, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -50,6 +51,7 @@ def test_two_mounts_of_one_point_at_once_never_stack(stores, tmp_path):
         force_unmount(mnt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [-1, 0, 11, 70000, "3", True, 3.5, None, [2]])
 def test_control_messages_are_validated_like_the_command_line(stores, mount, value):
     with mount(stores / "records", "--fidelity", "2") as mnt:

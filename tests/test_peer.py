@@ -219,6 +219,7 @@ def fake_member_server(store, reply: bytes) -> tuple[socket.socket, threading.Th
     return listener, thread
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status,length", [(OK, 1 << 30), (OK, 1), (2, 1 << 20)])
 def test_a_reply_longer_than_the_blob_is_refused_before_it_is_read(served, status, length):
     store, placement, _, _ = served
@@ -244,6 +245,7 @@ def test_bye_only_from_a_member(served):
     byes.clear()
 
 
+@pytest.mark.slow
 def test_slow_and_idle_connections_cost_no_threads_and_end(served, monkeypatch):
     """300 connections trickling a byte at a time: no thread each, the oldest dropped past the cap, all
     closed at the handshake deadline; a member is served all the while."""

@@ -95,6 +95,7 @@ def test_every_preset_keeps_pixels_and_every_k_decodes(preset, samples, stores):
     store.close()
 
 
+@pytest.mark.slow
 def test_fast_preset_through_a_mount_at_every_k(samples, stores, mount):
     src, made = samples
     with mount(stores["fast"], "--fidelity", "1") as mnt:
@@ -120,6 +121,7 @@ def test_transcode_fits_presets_to_grayscale_and_cmyk(samples):
             assert decode_pixels(present(layers, 1)).shape == decode_pixels(data).shape
 
 
+@pytest.mark.slow
 def test_default_is_compact_and_info_says_which_script(samples, stores, tmp_path):
     src, made = samples
     default = tmp_path / "default"
@@ -187,6 +189,7 @@ def _positive(values: list[float]) -> bool:
     return bool(values) and all(math.isfinite(v) and v > 0 for v in values)
 
 
+@pytest.mark.slow
 def test_fidelity_reports_decode_speed_per_k(photo_store, tmp_path):
     src, store = photo_store
     plot = tmp_path / "curve.png"
@@ -203,6 +206,7 @@ def test_fidelity_reports_decode_speed_per_k(photo_store, tmp_path):
     assert rows and all(len(row) >= 6 and row[4].endswith("x") and row[5].endswith("x") for row in rows)
 
 
+@pytest.mark.slow
 def test_fidelity_without_timing_or_source(photo_store):
     src, store = photo_store
     report = json.loads(fanfs("fidelity", store, "--sample", "4", "--timed", "0", "--json").stdout)
@@ -212,6 +216,7 @@ def test_fidelity_without_timing_or_source(photo_store):
     assert _positive(report["decode_vs_full"]) and report["decode_vs_source"] == [] and report["with_source"] == 0
 
 
+@pytest.mark.slow
 def test_fidelity_source_takes_only_the_real_originals(photo_store, tmp_path):
     src, store = photo_store
     partial = tmp_path / "partial" / "photos"

@@ -76,6 +76,7 @@ class MountedFeatures:
         return torch.from_numpy(x), torch.tensor([self.targets[i]], dtype=torch.float32)
 
 
+@pytest.mark.slow
 def test_training_raises_precision_when_the_loss_plateaus(tmp_path, mount):
     import torch
     torch.manual_seed(0)

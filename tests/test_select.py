@@ -139,6 +139,7 @@ def _text(sel):
     return next(cr for cr in sel.classes if cr.name == "text")
 
 
+@pytest.mark.slow
 def test_every_class_measured_with_every_candidate(measured):
     names = {cr.name for cr in measured.classes}
     assert {"text", "jpeg", "float", "compressed"} <= names
@@ -155,6 +156,7 @@ def test_every_class_measured_with_every_candidate(measured):
         assert c.decode_Bps is None or c.decode_Bps > 0
 
 
+@pytest.mark.slow
 def test_demanding_rate_picks_faster_codec_relaxed_picks_best_ratio(measured):
     relaxed = decide(measured.sample, Demand(mode="async", rate=1e3), measured.classes)
     picks = {cr.name: (cr.chosen, max(c.ratio for c in cr.candidates)) for cr in relaxed.classes}
@@ -173,6 +175,7 @@ def test_demanding_rate_picks_faster_codec_relaxed_picks_best_ratio(measured):
     assert demanding.feasible  # raw always keeps up: a speed demand alone never makes it infeasible
 
 
+@pytest.mark.slow
 def test_sync_is_stricter_than_async(measured):
     rate = 50e6
     sync = decide(measured.sample, Demand(mode="sync", rate=rate, overhead=0.05, threads=2), measured.classes)
@@ -182,6 +185,7 @@ def test_sync_is_stricter_than_async(measured):
     assert sync.required_Bps > asyn.required_Bps
 
 
+@pytest.mark.slow
 def test_only_raw_is_said_so(measured):
     sel = decide(measured.sample, Demand(mode="sync", rate=1e12), measured.classes)
     text = _text(sel)
@@ -189,6 +193,7 @@ def test_only_raw_is_said_so(measured):
     assert any("only raw keeps up" in note for note in text.notes)
 
 
+@pytest.mark.slow
 def test_capacity_headroom_and_infeasible(measured):
     total = measured.sample.bytes
     fits = decide(measured.sample, Demand(rate=1e3, capacity=total, nodes=2, replicas=2), measured.classes)
@@ -214,6 +219,7 @@ def test_rate_units():
 # the command
 
 
+@pytest.mark.slow
 def test_select_cli_json_plan_and_plot(small, tmp_path):
     plan_file, png = tmp_path / "plan.json", tmp_path / "pareto.png"
     done = fanfs("select", small, "--rate", "1MB/s", "--sample-cap", "2M", "--json", "-o", plan_file,
@@ -233,6 +239,7 @@ def test_select_cli_json_plan_and_plot(small, tmp_path):
     assert "candidate" in table and "<== chosen" in table and "decode >=" in table
 
 
+@pytest.mark.slow
 def test_infeasible_is_reported_and_writes_no_plan(small, tmp_path):
     plan_file = tmp_path / "plan.json"
     done = fanfs("select", small / "text", "--rate", "1MB/s", "--sample-cap", "1M", "--capacity", "100K", "--nodes", "2",
@@ -273,6 +280,7 @@ def test_plan_file_round_trip(mixed, tmp_path):
     assert again.table["binary"]["measured"] is False  # unseen class: the conservative default
 
 
+@pytest.mark.slow
 def test_dictionary_round_trips_through_pack_and_mount(mixed, tmp_path, mount):
     plan = _dictionary_plan(mixed)
     plan_file, store = tmp_path / "plan.json", tmp_path / "store"
@@ -322,6 +330,7 @@ def test_bad_plans_are_refused_clearly(mixed, tmp_path, content, message):
         Plan.load(str(tmp_path / "bad.json"))
 
 
+@pytest.mark.slow
 def test_selected_plan_packs_and_reads_back(mixed, measured, tmp_path, mount):
     sel = decide(measured.sample, Demand(rate=1e3), measured.classes)
     plan_file, store = tmp_path / "plan.json", tmp_path / "store"
@@ -338,6 +347,7 @@ def test_selected_plan_packs_and_reads_back(mixed, measured, tmp_path, mount):
             assert (mnt / p.relative_to(mixed)).read_bytes() == p.read_bytes()
 
 
+@pytest.mark.slow
 def test_float_class_measures_float_records_and_elf_and_a_plan_can_choose_them(tmp_path):
     """Issue 12.4: real weights; ELF only when select is given --float-error; pack --plan makes the records."""
     from float_samples import silero

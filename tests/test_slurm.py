@@ -20,6 +20,8 @@ from support.slurm_jobs import NODES, assert_nothing_left, leftovers, reports, s
 
 from fanfs.records import FULL
 
+pytestmark = pytest.mark.slow  # see README, 'Tests'
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _time_limit_running(time_limited_job) -> None:

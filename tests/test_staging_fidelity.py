@@ -58,6 +58,7 @@ def test_info_shows_the_capacity_gained(photos):
     assert f"at fidelity {K}:" in text and "staged at fidelity 2" in text
 
 
+@pytest.mark.slow
 def test_one_node_staged_at_k_serves_k_locally_and_more_from_the_shared_store(photos, tmp_path, mount):
     store, names, expected, read_at_k = photos
     local = tmp_path / "local"
@@ -79,6 +80,7 @@ def test_one_node_staged_at_k_serves_k_locally_and_more_from_the_shared_store(ph
         assert "read from the shared store above it" in fanfs("stats", mnt).stdout
 
 
+@pytest.mark.slow
 def test_above_k_without_the_shared_store_is_eio_and_k_still_works(photos, tmp_path, mount):
     store, names, expected, _ = photos
     copy = tmp_path / "store"
@@ -120,6 +122,7 @@ def test_a_broken_staging_record_is_one_line(photos, tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_job_staged_at_k_reads_above_k_from_the_shared_store_not_from_peers(photos, tmp_path):
     store, names, expected, read_at_k = photos
     index = Store(str(store), check_shards=False).index

@@ -28,6 +28,8 @@ from fanfs.records.floats import FloatRecords
 from fanfs.records.jpeg import JpegRecords
 from fanfs.store import FULL, Store
 
+pytestmark = pytest.mark.slow  # see README, 'Tests'
+
 SWITCHES = (1, 3, FULL, 5, 2, FULL)
 SECONDS = 12.0
 

@@ -6,7 +6,11 @@ later in the session, so most of its minute has passed by now (run alone, it wai
 
 from __future__ import annotations
 
+import pytest
+
 from support.slurm_jobs import assert_nothing_left
+
+pytestmark = pytest.mark.slow  # see README, 'Tests'
 
 
 def test_time_limit_leaves_nothing(slurm, time_limited_job):

@@ -32,6 +32,8 @@ from photo_folder import PhotoFolder  # noqa: E402
 
 from fanfs.train import choose_fidelity, fidelity_levels, fidelity_schedule  # noqa: E402
 
+pytestmark = pytest.mark.slow  # see README, 'Tests'
+
 CLASSES, PER_CLASS, CROP = 4, 12, 32
 
 

@@ -59,6 +59,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_two_serving_processes_share_the_reads_exactly(tree, mount):
     src, store, files = tree
     with mount(store, "--workers", "2") as mnt:
