@@ -74,8 +74,9 @@ def register_setting(setting: Setting, kind_id: int) -> None:
         raise ValueError(f"two different settings named {setting.name!r}")
     _ORDER[setting.name] = min(kind_id, _ORDER.get(setting.name, kind_id))
     _SETTINGS[setting.name] = setting
-    ordered = sorted(_SETTINGS, key=_ORDER.__getitem__)
-    _SETTINGS.update({name: _SETTINGS.pop(name) for name in ordered})
+    ordered = sorted(_SETTINGS.values(), key=lambda known: _ORDER[known.name])
+    _SETTINGS.clear()
+    _SETTINGS.update((known.name, known) for known in ordered)
     Presentation.NAMES = tuple(_SETTINGS)
 
 
