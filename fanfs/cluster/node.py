@@ -114,9 +114,12 @@ def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: M
     if missing:
         raise StoreError(f"{options.local_dir}: {len(missing)} of the store's shards are missing or incomplete "
                          f"(first: {shard_name(missing[0])}): run 'fanfs stage' or mount with --stage")
+
+    def is_local(entry: int, view: int) -> bool:  # the staged layers serve it
+        return store.kind(entry).reads_within(view, store.view(entry, staged))
+
     store = Store(store_root, cache_size=options.mount.cache_size, sources=[share.local, share.shared],
-                  check_shards=False,
-                  index=index, is_local=lambda entry, view: view <= store.view(entry, staged))
+                  check_shards=False, index=index, is_local=is_local)
     hooks = Hooks(extra_stats=lambda counters: staged_stats(share, counters["by_source"]))
     return start(store, mountpoint, options.mount, lock=lock, hooks=hooks)
 

@@ -137,7 +137,7 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
 
     def is_local(entry: int, view: int) -> bool:
         return placement.holds_range(rank, int(first[entry]), int(count[entry])) \
-            and view <= store.view(entry, plan.staged)
+            and store.kind(entry).reads_within(view, store.view(entry, plan.staged))
 
     store = Store(plan.store_root, cache_size=options.mount.cache_size,
                   sources=[share.local, *remotes, share.shared], check_shards=False, index=index, is_local=is_local)

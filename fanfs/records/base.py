@@ -118,6 +118,12 @@ class RecordKind:
         """Bytes ``[offset, offset + size)`` of the file as presented at ``view``."""
         raise NotImplementedError
 
+    def reads_within(self, view: int, other: int) -> bool:
+        """Whether a file of this kind shown at ``view`` reads only blobs it reads when shown at ``other`` (a node
+        serves a read from its staged layers alone).  Views are nested by default: a lower one reads a prefix of
+        a higher one's layers (JPEG scans, float planes)."""
+        return view <= other
+
     def blobs_read(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
         """The blobs that presenting ``entries`` (files of this kind) at ``presentation`` reads: what a
         node stages for a job at that presentation.  By default all of them."""
