@@ -23,9 +23,9 @@ MAX_LAYERS = 64
 MAX_SIZE = 64 << 20  # larger "JPEGs" are kept as plain files
 DEFAULT_MAX_PIXELS = 64 << 20
 """``pack --max-pixels``: larger JPEGs (by their frame header) are kept as plain files.  Measured here
-(README, "Progressive JPEG records"): the transcode peaks at up to 6 bytes per pixel (colour 4:4:4) and the
-fidelity measurement at ~16, so 64M pixels (every camera up to 61 MP) costs a worker at most ~0.4 GB
-packing and ~1.1 GB measuring; a 65535x65535 JPEG would cost 26 and 69 GB."""
+(README, "Using it", pack): the transcode peaks at up to 6 bytes per pixel (colour 4:4:4) and the fidelity
+measurement at ~16, so 64M pixels (every camera up to 61 MP) costs a worker at most ~0.4 GB packing and
+~1.1 GB measuring; a 65535x65535 JPEG would cost ~26 and ~69 GB."""
 
 
 @register
