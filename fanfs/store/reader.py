@@ -175,11 +175,16 @@ class Store:
                 return data
             problems.append(f"{source.name}: checksum mismatch" if len(data) == length else
                             f"{source.name}: short read ({len(data)} of {length} bytes)")
+        raise self.fault(entry, blob, f"no good copy ({'; '.join(problems) or 'no source holds it'})")
+
+    def fault(self, entry: int, blob: int, why: str) -> DataError:
+        """The EIO for a blob that cannot be had or used: counted, and logged as one line naming the file,
+        shard and blob (once a minute per blob); the caller raises it."""
         self.stats.errors += 1
-        message = f"{self._describe(entry, blob)}: no good copy ({'; '.join(problems) or 'no source holds it'})"
+        message = f"{self._describe(entry, blob)}: {why}"
         if self._first_report(blob):
             log.error("EIO %s", message)
-        raise DataError(message)
+        return DataError(message)
 
     def _first_report(self, blob: int) -> bool:
         """Log a blob's trouble once a minute, not once per retry of the same read."""
@@ -216,16 +221,12 @@ class Store:
             data = stored
         else:
             started = time.perf_counter()
-            try:
+            try:  # the codec yields at most raw_size bytes, which the index's validation bounded per kind
                 data = self.codecs[int(self.index.codec[entry])].decode(stored, raw_size)
-            except Exception as err:  # a verified blob that does not decode: a bug or a codec mismatch
-                self.stats.errors += 1
-                if self._first_report(blob):
-                    log.error("EIO %s: decode failed: %s", self._describe(entry, blob), err)
-                raise DataError(f"decode failed: {err}") from None
+            except Exception as err:  # a verified blob that does not decode: a crafted store, a bug or a codec mismatch
+                raise self.fault(entry, blob, f"decode failed: {err}") from None
             if len(data) != raw_size:
-                self.stats.errors += 1
-                raise DataError(f"{self._describe(entry, blob)}: decoded {len(data)} bytes, expected {raw_size}")
+                raise self.fault(entry, blob, f"decoded {len(data)} bytes, expected {raw_size}")
             self.stats.decode_seconds += time.perf_counter() - started
         if keep:
             self.cache.put(blob, data)
