@@ -14,6 +14,7 @@ import logging
 import os
 import stat as statmod
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -91,6 +92,7 @@ class Store:
         self._raw, self._stored, self._offset = ix.blob_raw, ix.blob_stored, ix.blob_offset
         self._reported: dict[int, float] = {}
         self.is_local: Callable[[int, int], bool] = is_local or (lambda entry, view: True)
+        _OPEN.add(self)
 
     # --- metadata -------------------------------------------------------------------------------
 
@@ -245,6 +247,26 @@ class Store:
             raise IsADirectoryError(errno.EISDIR, "not a file", os.fsdecode(path))
         return self.read(entry, 0, self.size_at(entry, view), view)
 
+    def after_fork(self) -> None:
+        """In a forked child (a DataLoader worker of a process that opened the store): renew the locks another
+        thread may have held at the fork, in the cache and the sources.  Runs by itself (``os.register_at_fork``)."""
+        self.cache.after_fork()
+        for source in self.sources:
+            source.after_fork()
+
     def close(self) -> None:
+        _OPEN.discard(self)
         for source in self.sources:
             source.close()
+
+
+_OPEN: weakref.WeakSet[Store] = weakref.WeakSet()
+"""Every open store of this process, for :meth:`Store.after_fork` in a forked child."""
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_OPEN):
+        store.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
