@@ -22,7 +22,7 @@ from fsspec.utils import stringify_path
 
 from ..errors import UsageError
 from ..store.format import DIR, FILE, SYMLINK
-from .file import FanfsFile, RawFile
+from .file import FanfsFile
 from .paths import resolve
 from .settings import Setting, open_store, presentation
 
@@ -30,6 +30,8 @@ PROTOCOL = "fanfs"
 DEFAULT_CACHE = "64M"
 """Decoded blobs kept per process (only blobs read in parts: a blob read whole is not kept)."""
 TYPES = {FILE: "file", DIR: "directory", SYMLINK: "other"}
+WHOLE = 1 << 62
+"""Bytes asked for by a read of a whole file: more than any file holds."""
 _PREFIXES = (PROTOCOL + "://", PROTOCOL + "::")
 _FSSPEC_OPTIONS = {"use_listings_cache", "listings_expiry_time", "max_paths"}  # fsspec's own; nothing to cache here
 
@@ -83,7 +85,8 @@ class FanfsFileSystem(AbstractFileSystem):
         self.store = open_store(_store_root(store, fo, target_protocol), cache_size)
         self.presentation = presentation(self.store, fidelity, precision)
         ix = self.store.index
-        self._index, self._lookup, self._type, self._mode, self._mtime = ix, ix.lookup, ix.type, ix.mode, ix.mtime
+        self._index, self._lookup, self._mode, self._mtime = ix, ix.lookup, ix.mode, ix.mtime
+        self._type = memoryview(ix.type)  # Python ints, not numpy scalars: read on every call
 
     @property
     def fsid(self) -> str:
@@ -104,20 +107,20 @@ class FanfsFileSystem(AbstractFileSystem):
 
     def _entry(self, path: str, follow: bool = True) -> int:
         """Entry of ``path`` (its symbolic link followed if ``follow``); FileNotFoundError if none."""
-        rel = os.fsencode(self._strip_protocol(path))
+        if type(path) is not str or path.startswith(_PREFIXES):
+            path = self._strip_protocol(path)
+        rel = path.strip("/").encode("utf-8", "surrogateescape")  # os.fsencode, without its call
         entry = self._lookup(rel)
         if entry < 0 or (follow and self._type[entry] == SYMLINK):
             entry = resolve(self._index, rel, follow)
         return entry
 
-    def _file(self, path: str) -> tuple[int, int, int]:
-        """(entry, view, size as presented) of the file at ``path``."""
+    def _file(self, path: str) -> tuple[int, int]:
+        """(entry, view) of the file at ``path``."""
         entry = self._entry(path)
         if self._type[entry] != FILE:
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-        store = self.store
-        view = store.view(entry, self.presentation)
-        return entry, view, store.size_at(entry, view)
+        return entry, self.store.view(entry, self.presentation)
 
     def _info(self, entry: int, name: str) -> dict[str, Any]:
         kind = int(self._type[entry])
@@ -154,18 +157,28 @@ class FanfsFileSystem(AbstractFileSystem):
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         """The file's bytes as presented, or ``[start:end]`` of them (negative: from the end, as a slice)."""
-        entry, view, size = self._file(path)
+        entry, view = self._file(path)
         if start is None and end is None:
-            return self.store.read(entry, 0, size, view)
-        begin, stop = _span(start, end, size)
+            return self.store.read(entry, 0, WHOLE, view)  # a read stops at the file's end, as presented
+        begin, stop = _span(start, end, self.store.size_at(entry, view))
         return self.store.read(entry, begin, stop - begin, view) if stop > begin else b""
+
+    def open(self, path: str, mode: str = "rb", block_size: int | None = None, cache_options: dict | None = None,
+             compression: str | None = None, **kwargs: Any) -> Any:
+        """A file opened for reading (``rb``: a :class:`FanfsFile`; text and compression as fsspec gives them).
+        ``block_size``: the window a read of a part fetches (default: the whole file up to 1 MiB)."""
+        if mode != "rb" or compression is not None:
+            return super().open(path, mode, block_size, cache_options, compression, **kwargs)
+        entry, view = self._file(path)  # the loader's case, without fsspec's generic steps
+        name = path.strip("/") if type(path) is str and not path.startswith(_PREFIXES) else self._strip_protocol(path)
+        store = self.store
+        return FanfsFile(self, store, entry, view, store.size_at(entry, view), name, block_size)
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_options: dict | None = None, **kwargs: Any) -> FanfsFile:
         if mode != "rb":
             raise ReadOnlyError(f"open {path!r} in mode {mode!r}")
-        entry, view, size = self._file(path)
-        return FanfsFile(self, path, RawFile(self.store, entry, view, size, path), block_size)
+        return self.open(path, mode, block_size)
 
     def stats(self) -> dict[str, Any]:
         """What this process has read (as ``fanfs stats`` shows for a mount)."""
