@@ -30,8 +30,6 @@ PROTOCOL = "fanfs"
 DEFAULT_CACHE = "64M"
 """Decoded blobs kept per process (only blobs read in parts: a blob read whole is not kept)."""
 TYPES = {FILE: "file", DIR: "directory", SYMLINK: "other"}
-WHOLE = 1 << 62
-"""Bytes asked for by a read of a whole file: more than any file holds."""
 _PREFIXES = (PROTOCOL + "://", PROTOCOL + "::")
 _FSSPEC_OPTIONS = {"use_listings_cache", "listings_expiry_time", "max_paths"}  # fsspec's own; nothing to cache here
 
@@ -158,10 +156,12 @@ class FanfsFileSystem(AbstractFileSystem):
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         """The file's bytes as presented, or ``[start:end]`` of them (negative: from the end, as a slice)."""
         entry, view = self._file(path)
+        store = self.store
+        size = store.size_at(entry, view)
         if start is None and end is None:
-            return self.store.read(entry, 0, WHOLE, view)  # a read stops at the file's end, as presented
-        begin, stop = _span(start, end, self.store.size_at(entry, view))
-        return self.store.read(entry, begin, stop - begin, view) if stop > begin else b""
+            return store.read(entry, 0, size, view)
+        begin, stop = _span(start, end, size)
+        return store.read(entry, begin, stop - begin, view) if stop > begin else b""
 
     def open(self, path: str, mode: str = "rb", block_size: int | None = None, cache_options: dict | None = None,
              compression: str | None = None, **kwargs: Any) -> Any:
