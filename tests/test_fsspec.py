@@ -154,6 +154,7 @@ def test_listing_paths_and_links(stores):
         with pytest.raises(error):
             fs.cat_file(path)
     assert not fs.exists("link_dangling") and fs.exists("link_rel") and fs.isfile("link_rel")
+    assert fs.modified("train/dog/1.bin").timestamp() == pytest.approx(1_000_000_000.123_457, abs=1e-6)
     with pytest.raises(FileNotFoundError):
         fs.open("nothing")
 

@@ -12,6 +12,7 @@ store again.
 
 from __future__ import annotations
 
+import datetime
 import errno
 import os
 from collections.abc import Callable
@@ -137,6 +138,9 @@ class FanfsFileSystem(AbstractFileSystem):
             return self._info(link, path)
         return {**self._info(self._entry(path), path), "islink": True,
                 "destination": os.fsdecode(self._index.target(link))}
+
+    def modified(self, path: str) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(self.info(path)["mtime"], tz=datetime.timezone.utc)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         """A directory's entries, sorted by name, as they are (a symbolic link is ``other``, as in fsspec's
