@@ -191,7 +191,9 @@ def test_ranges_seeks_and_text(stores):
                 got = bytearray(len(want))
                 assert f.readinto(got) == reference.readinto(want) and got == want
             assert f.tell() == reference.tell()
-    assert f.closed and f.path == name and f.info()["size"] == n
+    assert f.closed and f.path == name and f.info()["size"] == n and isinstance(f, io.BufferedIOBase)
+    with pytest.raises(io.UnsupportedOperation):
+        f.write(b"x")
     with fs.open("sparse.img") as f:
         f.seek(-3, os.SEEK_END)
         assert f.read() == bytes(3) and f.read() == b""

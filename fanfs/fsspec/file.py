@@ -92,6 +92,11 @@ class FanfsFile:
     def fileno(self) -> int:
         raise io.UnsupportedOperation("a fanfs file read in-process has no file descriptor")
 
+    def write(self, *args: Any) -> int:
+        raise io.UnsupportedOperation("a fanfs file is read-only")
+
+    writelines = truncate = write
+
     def readable(self) -> bool:
         return True
 
