@@ -1,9 +1,11 @@
 """Issue 9: the package's shape holds: layers import only downwards, no import cycles, short modules.
 
 Layers, lowest first (a module may import its own layer's package and any lower layer):
-errors/util -> codecs -> records -> store -> build | tune -> serve -> cluster | train -> cli.
+errors/util -> codecs -> records -> store -> build | tune -> serve | fsspec -> cluster | train -> cli.
 build and tune are siblings (neither imports the other); cluster sits beside serve and may use it;
-train (the PyTorch side, which talks to a mount) is a sibling of cluster.
+train (the PyTorch side, which talks to a mount) is a sibling of cluster.  fsspec (the in-process
+front, the only importer of the fsspec package) is a sibling of serve, the FUSE front: both present a
+store (with tune's ``auto`` fidelity) and neither needs the other.
 Every import counts, those inside functions too.
 """
 
@@ -13,7 +15,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fanfs"
-RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "build": 4, "tune": 4, "serve": 5, "cluster": 6, "train": 6,
+RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "build": 4, "tune": 4, "serve": 5, "fsspec": 5, "cluster": 6, "train": 6,
         "cli": 7}
 GROUP = {"fanfs": "base", "errors": "base", "util": "base", "__main__": "cli"}  # modules that belong to a layer
 MAX_LINES = 400

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import fanfs, force_unmount
-from test_mount import damaged_copy
+from trees import damaged_copy
 
 
 @pytest.fixture(scope="module")

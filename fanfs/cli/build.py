@@ -20,12 +20,13 @@ Command = Callable[[argparse.Namespace], int]
 def cmd_pack(args: argparse.Namespace) -> int:
     from ..build.pack import PackOptions, pack
     from ..codecs import parse_codec
-    from ..records.jpeg import JpegRecords
+    from ..records.jpeg import DEFAULT_MAX_PIXELS, JpegRecords
     from ..records.scans import DEFAULT_SCANS
     options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=args.jobs,
                           force=args.force, progress=not args.quiet)
-    if args.progressive_jpeg or args.scan_script is not None:
-        options.kinds.append(JpegRecords(DEFAULT_SCANS if args.scan_script is None else args.scan_script))
+    if args.progressive_jpeg or args.scan_script is not None or args.max_pixels is not None:
+        options.kinds.append(JpegRecords(DEFAULT_SCANS if args.scan_script is None else args.scan_script,
+                                         DEFAULT_MAX_PIXELS if args.max_pixels is None else args.max_pixels))
     if args.plan:
         from ..build.plan import Plan
         options.plan = Plan.load(args.plan)
@@ -127,7 +128,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                    help="replace STORE if it is a fanfs store (never anything else: not a tree holding SRC, "
                         "not a directory of other files)")
     p.add_argument("--progressive-jpeg", action="store_true",
-                   help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities")
+                   help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities; a JPEG "
+                        "the transcoder refuses, one with bytes after its end (EOI: MPO, motion photos, trailers) and "
+                        "one over --max-pixels are kept byte for byte as plain files and listed")
     p.add_argument("--scan-script", metavar="compact|fast|libjpeg|FILE",
                    help="how progressive records are cut into scans (implies --progressive-jpeg): 'compact' "
                         "(default): few bytes at SSIM 0.95 (fidelity auto:0.95) and a fast decode there; 'fast': "
@@ -135,6 +138,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "default before the presets; fewer bytes at SSIM 0.95 on high-quality photos, slower "
                         "decode); or a jpegtran scan-script FILE (a lossy one is refused). Compare them with "
                         "'fanfs fidelity --source'; see the README, 'Scan scripts'")
+    p.add_argument("--max-pixels", type=positive_size, metavar="N",
+                   help="JPEGs with more pixels (width x height, read from the header) are kept byte for byte as "
+                        "plain files and listed (implies --progressive-jpeg; default 64M = 67,108,864: every camera up "
+                        "to 61 MP). The transcode needs up to 6 bytes per pixel, measuring fidelity ~16 (README)")
     p.add_argument("--plan", metavar="FILE", help="per-class codecs chosen by fanfs select -o FILE (overrides --codec)")
     p.add_argument("--float-records", action="store_true",
                    help="store the values of .npy and safetensors files (found by content) as byte planes, so mounts "

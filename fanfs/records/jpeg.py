@@ -15,12 +15,17 @@ import numpy as np
 
 from ..util.checksum import checksum
 from .base import Columns, FULL, Packed, Presentation, Reader, RecordKind, expand, read_all, register
-from .jpegfile import EOI, JpegError, looks_like_jpeg, split_layers
+from .jpegfile import EOI, JpegError, frame, looks_like_jpeg, split_layers
 from .scans import DEFAULT_SCANS, LIBJPEG, scan_script
 from .transcode import to_progressive
 
 MAX_LAYERS = 64
 MAX_SIZE = 64 << 20  # larger "JPEGs" are kept as plain files
+DEFAULT_MAX_PIXELS = 64 << 20
+"""``pack --max-pixels``: larger JPEGs (by their frame header) are kept as plain files.  Measured here
+(README, "Using it", pack): the transcode peaks at up to 6 bytes per pixel (colour 4:4:4) and the fidelity
+measurement at ~16, so 64M pixels (every camera up to 61 MP) costs a worker at most ~0.4 GB packing and
+~1.1 GB measuring; a 65535x65535 JPEG would cost ~26 and ~69 GB."""
 
 
 @register
@@ -30,9 +35,11 @@ class JpegRecords(RecordKind):
     label = "progressive records"
     setting = "fidelity"
 
-    def __init__(self, scans: str = DEFAULT_SCANS) -> None:
-        """``scans``: a preset name, ``libjpeg`` or a scan-script file (:func:`.scans.scan_script`)."""
+    def __init__(self, scans: str = DEFAULT_SCANS, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        """``scans``: a preset name, ``libjpeg`` or a scan-script file (:func:`.scans.scan_script`);
+        ``max_pixels``: larger JPEGs are kept as plain files (the transcode's memory grows with pixels)."""
         self.scan_script = scan_script(scans)
+        self.max_pixels = max_pixels
 
     # --- presentation -------------------------------------------------------------------------
 
@@ -117,8 +124,13 @@ class JpegRecords(RecordKind):
     def pack(self, fd: int, size: int, head: bytes) -> Packed | str:
         if size > MAX_SIZE:
             return f"larger than {MAX_SIZE >> 20} MiB"
+        data = read_all(fd, size)
         try:
-            layers = split_layers(to_progressive(read_all(fd, size), self.scan_script))
+            image = frame(data)  # the pixel count from the header, before anything is decoded
+            if image.pixels > self.max_pixels:
+                return (f"{image.width}x{image.height} = {image.pixels:,} pixels, "
+                        f"more than --max-pixels {self.max_pixels:,}")
+            layers = split_layers(to_progressive(data, self.scan_script))
         except JpegError as err:
             return str(err)
         if len(layers) > MAX_LAYERS:
@@ -137,7 +149,8 @@ class JpegRecords(RecordKind):
 
     def pack_config(self) -> dict[str, Any] | None:
         script = self.scan_script
-        return {"scan_script": script.text if script else None, "scan_preset": script.name if script else LIBJPEG}
+        return {"scan_script": script.text if script else None, "scan_preset": script.name if script else LIBJPEG,
+                "max_pixels": self.max_pixels}
 
 
 def decode_pixels(data: bytes) -> np.ndarray:
