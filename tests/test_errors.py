@@ -218,7 +218,7 @@ def test_a_blob_that_decodes_to_the_wrong_size_is_eio_and_logged_once(store, tmp
     from fanfs.store.format import INDEX_NAME, SHARD_DIR, checksum, read_index, shard_name, write_index
     bad = tmp_path / "bad"
     shutil.copytree(store / "store", bad)
-    meta, columns, _ = read_index(str(bad / INDEX_NAME))
+    meta, columns, *_ = read_index(str(bad / INDEX_NAME))
     columns = {name: np.array(column) for name, column in columns.items()}
     from fanfs.store import Store
     opened = Store(str(bad))
