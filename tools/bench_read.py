@@ -111,9 +111,9 @@ def build_tree(src: Path, files: int, size_kb: int, classes: int) -> tuple[list[
 def cat_all(root: str, rels: list[str], workers: int) -> int:
     """``xargs -P N cat``: readers in C, whose own CPU per file is small, so the file system's shows."""
     listing = "\0".join(rels).encode()
-    done = subprocess.run(["xargs", "-0", "-P", str(workers), "-n", "64", "cat"], input=listing, cwd=root,
-                          stdout=subprocess.PIPE, check=True)
-    return len(done.stdout)
+    subprocess.run(["xargs", "-0", "-P", str(workers), "-n", "64", "cat"], input=listing, cwd=root,
+                   stdout=subprocess.DEVNULL, check=True)  # the bytes go nowhere: no pipe to copy them through
+    return sum(os.stat(os.path.join(root, rel)).st_size for rel in rels)  # cat read them all, or failed
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -161,13 +161,19 @@ def main() -> int:
     parser.add_argument("--serving", default="1,2", metavar="N,...",
                         help="fanfs mounts with these numbers of serving processes (--workers of 'fanfs mount'; "
                              "default 1,2: a row 'fanfs' and a row 'fanfs x2')")
+    parser.add_argument("--modes", metavar="NAME,...", help="only the reading modes whose names start with these "
+                        "(e.g. '4 procs,4 cat'); default all")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also mount with the fanfs of another checkout (e.g. the last release: git worktree add "
+                             "/tmp/base v0.2), one serving loop: a before/after in one run, as row 'fanfs@base'")
     args = parser.parse_args()
 
     peers = [] if args.no_squashfuse else [b for b in ("squashfuse", "squashfuse_ll") if shutil.which(b)]
     if peers and not shutil.which("mksquashfs"):
         sys.exit("mksquashfs not found: install squashfs-tools or use --no-squashfuse")
     serving = {("fanfs" if n == 1 else f"fanfs x{n}"): n for n in map(int, args.serving.split(","))}
-    systems = ["native", *serving, "in-process", *peers]
+    base = {"fanfs@base": {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}} if args.baseline else {}
+    systems = ["native", *serving, *base, "in-process", *peers]
     print(f"load average before: {bl.load_average()}")
     with bl.temp_dir(args.workdir, "fanfs-bench-read-") as work, \
             mp.get_context("fork").Pool(args.workers) as pool:
@@ -203,12 +209,16 @@ def main() -> int:
                 ctx = nullcontext()
             elif system in serving:
                 ctx = bl.fanfs_mount(work / "store", mnt, "--workers", str(serving[system]))
+            elif system in base:
+                ctx = bl.fanfs_mount(work / "store", mnt, env=base[system])
             else:
                 ctx = bl.squashfuse_mount(system, work / "image.sqfs", mnt)
             with ctx as pid:
                 yield str(src if system == "native" else mnt), pid
 
         modes = make_modes(args.workers, pool)
+        if args.modes:
+            modes = {name: mode for name, mode in modes.items() if name.startswith(tuple(args.modes.split(",")))}
         rates: dict[tuple[str, str, str], list[float]] = {}  # (mode, pass, system) -> files/s per repeat
         cpu: dict[tuple[str, str, str], list[float]] = {}  # (mode, pass, system) -> daemon CPU us per file
         bl.wait_for_quiet()
