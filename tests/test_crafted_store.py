@@ -180,6 +180,124 @@ def test_a_fifo_in_the_store_is_refused_not_waited_on(real_store, tmp_path, wher
     assert not os.path.ismount(mnt)
 
 
+# --- issue 17.7: a blob's decode is bounded before it starts --------------------------------------
+
+BOMB = 512 << 20  # what the crafted zstd frame declares and decodes to (16 KB stored)
+_READ_AND_MEASURE = """
+import errno, logging, resource, sys
+logging.basicConfig(stream=sys.stderr, format="%(message)s")
+from fanfs.errors import StoreError
+from fanfs.store import Store
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    store = Store(sys.argv[1])
+except StoreError as err:
+    print("refused:", err)
+else:
+    for _ in range(3):
+        try:
+            store.read_file(sys.argv[2])
+            print("read")
+        except OSError as err:
+            print("EIO" if err.errno == errno.EIO else err)
+print("grew", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
+"""
+
+
+@pytest.fixture(scope="module")
+def float_store(tmp_path_factory):
+    base = tmp_path_factory.mktemp("bomb")
+    (base / "src").mkdir()
+    np.save(base / "src" / "weights.npy", np.random.default_rng(7).normal(size=4096).astype(np.float32))
+    fanfs("pack", base / "src", base / "store", "--float-records", "--quiet")
+    return base / "store"
+
+
+def _zstd_bomb() -> bytes:
+    """A zstd frame of BOMB zero bytes that declares its content size, made without holding BOMB bytes."""
+    import zstandard
+    compressor = zstandard.ZstdCompressor(level=3).compressobj(size=BOMB)
+    zeros = bytes(1 << 20)
+    return b"".join([*(compressor.compress(zeros) for _ in range(BOMB >> 20)), compressor.flush()])
+
+
+def _plant_header(store: Path, declared: int | None) -> bytes:
+    """Replace the float record's header blob by the bomb, appended to its shard, with every checksum valid;
+    ``declared``: the raw size the index gives it (None: just over its stored size, as a float header may be)."""
+    from fanfs.util.checksum import checksum
+    bomb = _zstd_bomb()
+    s = Store(str(store))
+    entry = int(np.flatnonzero(s.index.record == 2)[0])
+    path, blob, shard = s.index.path(entry), int(s.index.first[entry]), int(s.index.shard[entry])
+    assert s.codecs[int(s.index.codec[entry])].codec_id == "zstd"
+    s.close()
+    shard_file = store / SHARD_DIR / shard_name(shard)
+    offset = shard_file.stat().st_size
+    with open(shard_file, "ab") as f:
+        f.write(bomb)
+
+    def edit(meta, columns):
+        columns["blob_offset"][blob], columns["blob_stored"][blob] = offset, len(bomb)
+        columns["blob_checksum"][blob] = checksum(bomb)
+        columns["blob_raw"][blob] = len(bomb) + 1 if declared is None else declared  # raw > stored: decoded
+        columns["shard_size"][shard] = offset + len(bomb)
+        columns["shard_checksum"][shard] = checksum(shard_file.read_bytes())
+    rewrite(store, edit)
+    return path
+
+
+@pytest.mark.parametrize("declared", [BOMB, None], ids=["declared-512MiB", "frame-lies-about-its-size"])
+def test_a_decompression_bomb_costs_no_memory(float_store, tmp_path, declared):
+    """Issue 17.7: a 16 KB frame that decodes to 512 MiB took a daemon to 556 MB before an unlogged EIO.
+
+    Declared as 512 MiB in the index, the store is refused at open (more than a float header can hold);
+    declared at 16 KB, the frame's own content size is refused before decoding: EIO, logged once.  Either way the reading process's peak RSS hardly grows."""
+    victim = tmp_path / "victim"
+    shutil.copytree(float_store, victim)
+    path = _plant_header(victim, declared)
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _READ_AND_MEASURE, victim, path], capture_output=True, text=True,
+                          timeout=120)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    grew = int(lines[-1].split()[1])
+    assert grew < 64, (grew, done.stdout, done.stderr)  # MiB of peak RSS; the bomb is 512
+    if declared is not None:
+        assert lines[0].startswith("refused: index: a float record whose header blob is larger"), lines
+        return
+    assert lines[:3] == ["EIO"] * 3, lines
+    eio = [line for line in done.stderr.splitlines() if line.startswith("EIO")]
+    assert len(eio) == 1, done.stderr  # three failed reads, one line
+    assert os.fsdecode(path) in eio[0] and "shard 000000" in eio[0] and "blob " in eio[0], eio
+    assert "declares 536870912 bytes" in eio[0], eio
+
+
+def test_a_decompression_bomb_through_a_mount_is_one_logged_eio(float_store, tmp_path, mount):
+    """The same frame behind a real mount: the daemon's peak RSS (VmHWM) stays put, its log has one line."""
+    victim = tmp_path / "victim"
+    shutil.copytree(float_store, victim)
+    path = os.fsdecode(_plant_header(victim, None))
+
+    def peak(pid: int) -> int:
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) // 1024
+
+    with mount(victim) as mnt:
+        from fanfs_command import daemon_pids
+        (pid,) = daemon_pids(mnt)
+        before = peak(pid)
+        for _ in range(3):
+            with pytest.raises(OSError) as failed:
+                (mnt / path).read_bytes()
+            assert failed.value.errno == errno.EIO
+        assert peak(pid) - before < 64
+        from fanfs.serve.control import log_path
+        log = Path(log_path(str(mnt))).read_text()
+    eio = [line for line in log.splitlines() if "EIO" in line]
+    assert len(eio) == 1 and path in eio[0] and "shard 000000" in eio[0], log
+
+
 def _crafted_bytes(store: Path, tmp: Path) -> bytes:
     """The bytes of a crafted index for ``store`` (valid checksum, a file whose blobs lie past its shard)."""
     copy = tmp / "crafted"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fanfs_command import fanfs, force_unmount
 from support.nobody import RUN_AS_NOBODY
-from test_mount import damaged_copy
+from support.trees import damaged_copy
 
 
 @pytest.fixture(scope="module")

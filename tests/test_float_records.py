@@ -309,3 +309,20 @@ def test_a_format1_index_cannot_hold_float_records(tmp_path):
     write_index(str(store / INDEX_NAME), {**meta, "format": 1}, {k: np.array(v) for k, v in columns.items()})
     with pytest.raises(StoreError, match="float records in a store of format 1"):
         Store(str(store))
+
+
+def test_too_many_value_runs_keep_a_file_plain(tmp_path):
+    """Issue 17.7: a reader decodes a record's header (16 bytes per run of values) whole, so a file with more
+    than MAX_SEGMENTS runs is no float record: 65,537 float32 tensors split by int64 ones is kept as it is."""
+    from fanfs.records.floats.values import MAX_SEGMENTS
+    header, offset = {}, 0
+    for i in range(MAX_SEGMENTS + 1):
+        header[f"w{i}"] = {"dtype": "F32", "shape": [1], "data_offsets": [offset, offset + 4]}
+        header[f"n{i}"] = {"dtype": "I64", "shape": [1], "data_offsets": [offset + 4, offset + 12]}
+        offset += 12
+    text = json.dumps(header).encode()
+    path = tmp_path / "split.safetensors"
+    path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(offset))
+    with open(path, "rb") as f:
+        found = find_values(f.fileno(), os.fstat(f.fileno()).st_size, f.read(4096))
+    assert found == "65,537 separate runs of float values, more than 65,536"

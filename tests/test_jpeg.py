@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from fanfs.records.jpeg.markers import EOI, JpegError, looks_like_jpeg, present, presented_size, split_layers
+from fanfs.records.jpeg.markers import EOI, JpegError, end_of_image, looks_like_jpeg, present, presented_size, split_layers
 from fanfs.records.jpeg.scans import ScanScript
 from fanfs.records.jpeg.transcode import to_progressive
 
@@ -104,11 +104,13 @@ def test_already_progressive_is_returned_unchanged(samples):
     assert to_progressive(src) is src
 
 
-def test_progressive_with_trailing_bytes_is_normalised(samples):
-    src = sample(samples, "progressive") + b"trailing camera junk"
-    out = to_progressive(src)
-    assert b"".join(split_layers(out)) == out
-    assert np.array_equal(pixels(out), pixels(src))
+@pytest.mark.parametrize("name", ["progressive", "s420", "exif_thumb"])
+def test_bytes_after_eoi_are_refused_not_dropped(samples, name):
+    """Issue 17.6: the transcode would drop them (a progressive input was "normalised" without them)."""
+    src = sample(samples, name)
+    assert end_of_image(src) == len(src)  # walked past the thumbnail's FFD9 to the image's own
+    with pytest.raises(JpegError, match=r"bytes after EOI \(20\)"):
+        to_progressive(src + b"trailing camera junk")
 
 
 @pytest.mark.parametrize("name", BROKEN)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fanfs_command import daemon_pids, fanfs, force_unmount
-from support.trees import SPARSE_SIZE, make_torture_tree, sha256_file, tree_listing
+from support.trees import SPARSE_SIZE, damaged_copy, make_torture_tree, sha256_file, tree_listing
 
 from fanfs.store.format import SHARD_DIR, shard_name
 from fanfs.store import Store
@@ -88,22 +88,6 @@ def test_writes_are_refused_with_erofs(torture, mount):
             with pytest.raises(OSError) as info:
                 attempt()
             assert info.value.errno == errno.EROFS
-
-
-def damaged_copy(store: Path, bad: Path, victim: bytes, at: int = 0, flip: int = 0x01) -> int:
-    """Copy ``store`` to ``bad`` and flip bits of byte ``at`` of ``victim``'s first blob; returns its shard."""
-    shutil.copytree(store, bad)
-    s = Store(str(bad))
-    entry = s.lookup(victim)
-    shard = int(s.index.shard[entry])
-    offset = int(s.index.blob_offset[int(s.index.first[entry])]) + at
-    s.close()
-    with open(bad / SHARD_DIR / shard_name(shard), "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ flip]))
-    return shard
 
 
 @pytest.mark.slow

@@ -57,9 +57,9 @@ def daemon_pid(mnt: Path) -> int:
 
 
 @contextlib.contextmanager
-def fanfs_mount(store: Path, mnt: Path, *options: str) -> Iterator[int]:
+def fanfs_mount(store: Path, mnt: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[int]:
     """``fanfs mount`` (returns once serving); yields the daemon pid; always unmounted afterwards."""
-    with mounted(store, mnt, *options):
+    with mounted(store, mnt, *options, env=env):
         yield daemon_pid(mnt)
 
 

@@ -50,15 +50,16 @@ def daemon_pids(mountpoint: Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def mounted(store: Path, mountpoint: Path, *options: str) -> Iterator[Path]:
-    """Mount with the real CLI; unmount (and kill a stuck daemon) however the block ends."""
+def mounted(store: Path, mountpoint: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[Path]:
+    """Mount with the real CLI; unmount (and kill a stuck daemon) however the block ends.  ``env``: the
+    commands' environment (e.g. PYTHONPATH naming another checkout's fanfs)."""
     mountpoint.mkdir(parents=True, exist_ok=True)
-    fanfs("mount", store, mountpoint, *options)
+    fanfs("mount", store, mountpoint, *options, env=env)
     try:
         yield mountpoint
     finally:
         if os.path.ismount(mountpoint):
-            fanfs("umount", mountpoint, check=False)
+            fanfs("umount", mountpoint, check=False, env=env)
         force_unmount(mountpoint)
         for pid in daemon_pids(mountpoint):
             with contextlib.suppress(ProcessLookupError):

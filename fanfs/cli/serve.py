@@ -9,7 +9,7 @@ from collections.abc import Callable
 from ..errors import UsageError
 from ..util.server import default_workers
 from ..util.units import human_size
-from .args import count, positive, print_json, size
+from .args import count, positive, positive_size, print_json, size
 from .presentation import add_presentation_options, known, presentation_values, resolved
 
 Command = Callable[[argparse.Namespace], int]
@@ -111,7 +111,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         raise UsageError("--source compares decode speeds: it needs --timed above 0")
     if args.source and not os.path.isdir(args.source):
         raise UsageError(f"--source {args.source} is not a directory: give the tree the store was packed from")
-    curve = analyse(store, args.sample, args.seed, progress=not args.json, timed=args.timed, source=args.source)
+    curve = analyse(store, args.sample, args.seed, progress=not args.json, timed=args.timed, source=args.source,
+                    max_pixels=args.max_pixels)
     if args.plot:
         plot_curve(curve, args.min_ssim, args.plot)
     if args.json:
@@ -210,6 +211,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                    help="the tree the store was packed from: decode speed relative to the original files too")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-ssim", type=float, default=0.95, help="quality bar for the recommendation (default 0.95)")
+    p.add_argument("--max-pixels", type=positive_size, default="64M", metavar="N",
+                   help="sampled records with more pixels are skipped, as are those smaller than SSIM's 11x11 "
+                        "window; the report says how many (default 64M = 67,108,864, pack's --max-pixels: measuring "
+                        "needs ~16 bytes per pixel per worker)")
     p.add_argument("--plot", metavar="PNG", help="write a plot of both curves, the bytes and the decode speed")
     p.add_argument("--json", action="store_true")
 

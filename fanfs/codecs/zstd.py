@@ -36,6 +36,11 @@ class Zstd(Codec):
         return self._contexts()[0].compress(data)
 
     def decode(self, data: bytes, raw_size: int) -> bytes:
+        """At most ``raw_size`` bytes: python-zstandard ignores ``max_output_size`` when the frame declares
+        its content size and allocates whatever the frame says, so a frame declaring more is refused first."""
+        declared = zstandard.frame_content_size(data)  # -1: not declared, then max_output_size bounds it
+        if declared > raw_size:
+            raise ValueError(f"zstd frame declares {declared} bytes, the index {raw_size}")
         return self._contexts()[1].decompress(data, max_output_size=raw_size)
 
     def get_config(self) -> dict[str, Any]:

@@ -52,6 +52,10 @@ class Reader(Protocol):
 
     def read(self, entry: int, offset: int, size: int, view: int = FULL) -> bytes: ...
 
+    def fault(self, entry: int, blob: int, why: str) -> OSError:
+        """The EIO to raise for a blob whose bytes cannot be used, logged once (file, shard, blob and why)."""
+        ...
+
 
 @dataclass
 class Packed:

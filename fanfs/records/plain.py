@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import DataError
 from ..util.checksum import Digest, checksum
 from .base import Columns, Packed, Reader, RecordKind, expand, read_all, register
 
@@ -45,7 +44,7 @@ class PlainFiles(RecordKind):
             whole = start == 0 and end - pos >= int(raw[first + i])
             piece = reader.blob(entry, first + i, keep=not whole)[start:start + end - pos]
             if not piece:
-                raise DataError(f"{os.fsdecode(ix.path(entry))}: chunk {i} ends before the file's size")
+                raise reader.fault(entry, first + i, f"chunk {i} ends before the file's size")
             parts.append(piece)
             pos += len(piece)
         return b"".join(parts)

@@ -122,6 +122,14 @@ class Presentation(dict):
         """From the values in :attr:`NAMES` order (what shared memory holds)."""
         return cls(zip(cls.NAMES, values))
 
+    def __getattr__(self, name: str) -> int:
+        """``presentation.fidelity``: a setting's value as an attribute too (not on the hot path: a kind reads
+        ``presentation[name]``)."""
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
     def replace(self, **changes: int) -> Presentation:
         return Presentation(self, **changes)
 
@@ -155,9 +163,10 @@ def parse(name: str, text: str) -> Value:
         raise UsageError(str(err)) from None
 
 
-def parse_all(texts: Mapping[str, str | int | None]) -> dict[str, Value]:
-    """Values of the settings given (None: not given, left out); ints are taken as they are."""
-    return {name: text if isinstance(text, int) else parse(name, text) for name, text in texts.items()
+def parse_all(texts: Mapping[str, Any]) -> dict[str, Value]:
+    """Values of the settings given (None: not given, left out); text is parsed by its kind, anything else taken as
+    it is (:func:`fanfs.records.check_presentation` refuses what is no value)."""
+    return {name: parse(name, text) if isinstance(text, str) else text for name, text in texts.items()
             if text is not None}
 
 

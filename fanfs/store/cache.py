@@ -33,3 +33,7 @@ class BlobCache:
             while self.used > self.capacity:
                 _, old = self._items.popitem(last=False)
                 self.used -= len(old)
+
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (another thread of the parent may have held the old one at the fork)."""
+        self._lock = threading.Lock()

@@ -32,6 +32,10 @@ class ShardSource:
     def close(self) -> None:
         pass
 
+    def after_fork(self) -> None:
+        """In a forked child, before its first read: renew what cannot be shared with the parent (locks another
+        thread may have held at the fork; connections).  Open files stay shared: reads use ``pread``."""
+
 
 class LocalShards(ShardSource):
     """Shard files in a directory (``STORE/shards`` or a node-local staging directory).
@@ -74,6 +78,8 @@ class LocalShards(ShardSource):
                 os.close(fd)
             self._fds.clear()
 
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
 
 
 class HeldShards(LocalShards):

@@ -13,19 +13,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from ..errors import StoreError, UsageError
 from ..records import FULL, Auto, register_resolver
-from ..records.jpeg import MAX_SIZE, JpegRecords
+from ..records.jpeg import DEFAULT_MAX_PIXELS, MAX_SIZE, JpegRecords, frame
 from ..store import Store
 from ..util.files import read_regular
 from ..util.plots import pyplot
 from ..util.progress import Progress
 from ..util.runtime import create_private, runtime_dir
 from ..util.workers import process_pool
+from .quality import WIN
 
 
 @dataclass
@@ -44,6 +46,13 @@ class FidelityCurve:
     """Per K, the same against the original file; empty without the source tree."""
     timed: int = 0
     with_source: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Sampled records left out of the means, by reason (too small for SSIM's window, too many pixels)."""
+
+    def skip_note(self) -> str:
+        """``skipped 3 of 100 sampled records: 2 smaller than 11x11 pixels ...`` (when some were)."""
+        left_out = sum(self.skipped.values())
+        return f"skipped {left_out} of {self.images + left_out} sampled records: {_reasons(self.skipped)}"
 
     def recommend(self, min_ssim: float) -> int:
         """Smallest K whose mean SSIM reaches ``min_ssim``; FULL when none does."""
@@ -78,6 +87,24 @@ def _measure(entry: int) -> tuple[list[int], list[float], list[float]]:
             ssims.append(s)
             msssims.append(m)
     return sizes, ssims, msssims
+
+
+def _reasons(skipped: dict[str, int]) -> str:
+    return ", ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
+
+
+def _unmeasurable(store: Store, entry: int, max_pixels: int) -> str | None:
+    """Why a record is left out of the measurement, read from its frame header (layer 0), never by decoding
+    it; None if it is measured.  An image narrower than SSIM's 11x11 window is skipped, not measured with a
+    smaller window: SSIM's constants and window define the statistic, and a mean over values of
+    differently defined statistics would mean nothing.  One with more than ``max_pixels`` pixels is
+    skipped because decoding it twice and comparing costs ~16 bytes per pixel (10000x10000: 1.6 GB)."""
+    image = frame(store.blob(entry, int(store.index.first[entry]), 0, keep=False))
+    if min(image.width, image.height) < WIN:
+        return f"smaller than {WIN}x{WIN} pixels (SSIM's window)"
+    if image.pixels > max_pixels:
+        return f"over {max_pixels:,} pixels (--max-pixels)"
+    return None
 
 
 def _original(source: str, path: bytes, full: bytes) -> bytes | None:
@@ -115,16 +142,24 @@ def _time_decodes(store: Store, entries: list[int], top: int, source: str | None
 
 
 def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = None, progress: bool = True,
-            timed: int = 0, source: str | None = None) -> FidelityCurve:
+            timed: int = 0, source: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> FidelityCurve:
     """Measure the curve on ``sample`` records chosen with ``seed`` (parallel over ``jobs`` processes),
-    and the decode speed on ``timed`` of them (first, in this process, against the originals under ``source``)."""
+    and the decode speed on ``timed`` of them (first, in this process, against the originals under ``source``).
+    Records that cannot be measured (:func:`_unmeasurable`) are left out and counted in ``skipped``."""
     records = np.flatnonzero(store.index.record == JpegRecords.kind_id)
     if records.size == 0:
         raise StoreError(f"{store.root} holds no progressive JPEG records: pack with --progressive-jpeg")
     rng = np.random.default_rng(seed)
-    chosen = np.sort(rng.choice(records, size=min(sample, records.size), replace=False))
+    sampled = np.sort(rng.choice(records, size=min(sample, records.size), replace=False)).tolist()
+    reasons = [_unmeasurable(store, entry, max_pixels) for entry in sampled]
+    chosen = np.array([entry for entry, why in zip(sampled, reasons) if why is None], np.int64)
+    skipped = dict(Counter(why for why in reasons if why))
+    if chosen.size == 0:
+        raise StoreError(f"{store.root}: none of the {len(sampled)} sampled JPEG records can be measured "
+                         f"({_reasons(skipped)}): give a fidelity K or full instead of measuring")
     top = int(store.index.layers[chosen].max())
-    curve = FidelityCurve(store.meta["store_id"], int(chosen.size), list(range(1, top + 1)), [], [], [])
+    curve = FidelityCurve(store.meta["store_id"], int(chosen.size), list(range(1, top + 1)), [], [], [],
+                          skipped=skipped)
     if timed > 0:
         picked = np.sort(rng.choice(chosen, size=min(timed, chosen.size), replace=False)).tolist()
         vs_full, vs_source = _time_decodes(store, picked, top, source, seed, progress)
@@ -180,8 +215,9 @@ def auto_fidelity(store: Store, min_ssim: float, jobs: int | None = None) -> tup
     """``auto:SSIM``: the smallest K whose mean SSIM reaches ``min_ssim``, and a line saying so."""
     curve = cached_curve(store, AUTO_SAMPLE, jobs=jobs)
     k = curve.recommend(min_ssim)
+    skipped = f"; {curve.skip_note()}" if curve.skipped else ""
     return k, (f"fidelity auto:{min_ssim} -> {'full' if k == FULL else k} (smallest K with mean SSIM >= "
-               f"{min_ssim} over {curve.images} sampled images)")
+               f"{min_ssim} over {curve.images} sampled images{skipped})")
 
 
 def _resolve_auto(store: Store, auto: Auto, processes: int | None) -> tuple[int, str]:
@@ -194,6 +230,8 @@ register_resolver("fidelity", _resolve_auto)  # fidelity auto:SSIM, wherever a p
 def format_curve(curve: FidelityCurve, min_ssim: float) -> str:
     best = curve.recommend(min_ssim)
     lines = [f"fidelity over {curve.images} sampled JPEG records (SSIM/MS-SSIM of the K-layer decode vs full)"]
+    if curve.skipped:
+        lines.append(curve.skip_note())
     if curve.timed:
         against = " and (vs orig) the original file's" if curve.decode_vs_source else ""
         lines.append(f"decode: Pillow decode speed at K, x the full presentation's{against} (> 1: faster); median "

@@ -25,6 +25,7 @@ _GAUSS = _g / _g.sum()
 
 
 def _luma(a: np.ndarray) -> np.ndarray:
+    """Float luma of an image (or of a band of its rows)."""
     if a.ndim == 3 and a.shape[2] == 1:
         a = a[:, :, 0]
     if a.ndim == 2:
@@ -41,10 +42,16 @@ def _filter(x: np.ndarray) -> np.ndarray:
     return sum(_GAUSS[i] * rows[i:h - WIN + 1 + i] for i in range(WIN))
 
 
-def _ssim_cs(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Mean SSIM and mean contrast-structure term of two float images."""
-    if min(x.shape) < WIN:
-        raise ValueError(f"images must be at least {WIN}x{WIN}, got {x.shape}")
+BAND = 256
+"""Rows of SSIM map computed at once.  A whole-image pass held a dozen float64 images (~100 bytes per
+pixel: 10 GB for a 10000x10000 JPEG); in bands they are a dozen BAND-row strips, and what stays whole is
+the two decoded images and the next scale's luma (a measurement peaks at ~12-16 bytes per pixel with the
+decodes; README, "Using it", pack).  Each value of the map is computed exactly as before; only the order
+of the final sums differs."""
+
+
+def _ssim_cs_sums(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Sums of the SSIM map and of the contrast-structure map of two float images (a band)."""
     mx, my = _filter(x), _filter(y)
     mxx, myy, mxy = mx * mx, my * my, mx * my
     vx = _filter(x * x) - mxx
@@ -52,18 +59,46 @@ def _ssim_cs(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     cov = _filter(x * y) - mxy
     cs = (2 * cov + C2) / (vx + vy + C2)
     lum = (2 * mxy + C1) / (mxx + myy + C1)
-    return float(np.mean(lum * cs)), float(np.mean(cs))
+    return float(np.sum(lum * cs)), float(np.sum(cs))
 
 
-def _prepare(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _scale(x: np.ndarray, y: np.ndarray, last: bool) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """Mean SSIM and mean contrast-structure term of one scale and, unless ``last``, the luma of the
+    next (half) scale; ``x``, ``y``: the images as given (any shape :func:`_luma` takes) or float luma."""
+    h, w = x.shape[:2]
+    if min(h, w) < WIN:
+        raise ValueError(f"images must be at least {WIN}x{WIN}, got {x.shape}")
+    rows = h - WIN + 1
+    ssim_sum = cs_sum = 0.0
+    halves: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+    for top in range(0, rows, BAND):
+        stop = min(top + BAND, rows)
+        bx, by = _luma(x[top:stop + WIN - 1]), _luma(y[top:stop + WIN - 1])
+        s, c = _ssim_cs_sums(bx, by)
+        ssim_sum += s
+        cs_sum += c
+        if not last:  # rows [top, stop) halve to the next scale; the last band also takes the rows below
+            end = (stop if stop < rows else h // 2 * 2) - top
+            halves[0].append(_half(bx[:end]))
+            halves[1].append(_half(by[:end]))
+    count = rows * (w - WIN + 1)
+    empty = np.zeros((0, 0))
+    next_x, next_y = (np.concatenate(halves[0]), np.concatenate(halves[1])) if not last else (empty, empty)
+    return ssim_sum / count, cs_sum / count, next_x, next_y
+
+
+def _checked(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
-    return _luma(np.asarray(a)), _luma(np.asarray(b))
+    if not (a.ndim == 2 or (a.ndim == 3 and a.shape[2] in (1, 3))):
+        raise ValueError(f"expected HxW, HxWx1 or HxWx3, got shape {a.shape}")
+    return a, b
 
 
 def ssim(a: np.ndarray, b: np.ndarray) -> float:
     """Mean structural similarity of two uint8 images (1.0 = identical)."""
-    return _ssim_cs(*_prepare(a, b))[0]
+    return _scale(*_checked(a, b), last=True)[0]
 
 
 def _half(x: np.ndarray) -> np.ndarray:
@@ -83,18 +118,16 @@ def ms_ssim(a: np.ndarray, b: np.ndarray) -> float:
 
 def similarity(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """(SSIM, MS-SSIM) in one pass: the full-scale SSIM is MS-SSIM's first scale anyway."""
-    x, y = _prepare(a, b)
+    x, y = _checked(a, b)
     scales = 1
-    while scales < len(MS_SSIM_WEIGHTS) and min(x.shape) >> scales >= WIN:
+    while scales < len(MS_SSIM_WEIGHTS) and min(x.shape[:2]) >> scales >= WIN:
         scales += 1
     weights = np.array(MS_SSIM_WEIGHTS[:scales])
     weights /= weights.sum()
     terms = []
     first = 0.0
     for s in range(scales):
-        if s:
-            x, y = _half(x), _half(y)
-        full, cs = _ssim_cs(x, y)
+        full, cs, x, y = _scale(x, y, last=s == scales - 1)
         if s == 0:
             first = full
         terms.append(cs if s < scales - 1 else full)

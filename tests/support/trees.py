@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 from pathlib import Path
+
+from fanfs.store import Store
+from fanfs.store.format import SHARD_DIR, shard_name
 
 SPARSE_SIZE = (5 << 30) + 12345  # over 4 GiB, so offsets past 2**32 are exercised
 
@@ -70,3 +74,19 @@ def sha256_file(path: Path | bytes, skip_sparse: bool = True) -> str:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+def damaged_copy(store: Path, bad: Path, victim: bytes, at: int = 0, flip: int = 0x01) -> int:
+    """Copy ``store`` to ``bad`` and flip bits of byte ``at`` of ``victim``'s first blob; returns its shard."""
+    shutil.copytree(store, bad)
+    s = Store(str(bad))
+    entry = s.lookup(victim)
+    shard = int(s.index.shard[entry])
+    offset = int(s.index.blob_offset[int(s.index.first[entry])]) + at
+    s.close()
+    with open(bad / SHARD_DIR / shard_name(shard), "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ flip]))
+    return shard

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_SIDE = struct.Struct("<II")  # exceptions, bytes of the zero bitmap (0: no exact zero in the chunk); then the
+SIDE = struct.Struct("<II")  # exceptions, bytes of the zero bitmap (0: no exact zero in the chunk); then the
                               # exceptions' positions as gaps (u4), their exact bits, the bitmap
 
 
@@ -190,7 +190,7 @@ def _side(exceptions: np.ndarray, exact: np.ndarray, zeros: np.ndarray) -> bytes
     if not exceptions.size and not bitmap:
         return b""
     gaps = np.diff(exceptions, prepend=0).astype("<u4")  # positions as gaps: regular outliers compress well
-    return _SIDE.pack(exceptions.size, len(bitmap)) + gaps.tobytes() + exact.tobytes() + bitmap
+    return SIDE.pack(exceptions.size, len(bitmap)) + gaps.tobytes() + exact.tobytes() + bitmap
 
 
 class SideError(ValueError):
@@ -201,10 +201,10 @@ def _parse_side(side: bytes, spec: Spec, n: int) -> tuple[np.ndarray, np.ndarray
     """(exception positions, their exact bits, zero mask or None) of a chunk of n values."""
     if not side:
         return np.zeros(0, np.int64), np.zeros(0, spec.bits), None
-    if len(side) < _SIDE.size:
+    if len(side) < SIDE.size:
         raise SideError("side blob too short")
-    count, bitmap = _SIDE.unpack_from(side)
-    start = _SIDE.size
+    count, bitmap = SIDE.unpack_from(side)
+    start = SIDE.size
     if len(side) != start + count * (4 + spec.width) + bitmap or bitmap not in (0, -(-n // 8)) or count > n:
         raise SideError("side blob does not match its chunk")
     positions = np.cumsum(np.frombuffer(side, "<u4", count, start), dtype=np.int64)

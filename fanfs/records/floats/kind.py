@@ -22,7 +22,6 @@ values within the pack's bound (lossy: ``info`` and ``verify`` say so).
 from __future__ import annotations
 
 import bisect
-import os
 import struct
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -30,14 +29,16 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ...errors import DataError
-from ..base import FULL, AddOption, Columns, Packed, Presentation, Reader, RecordKind, register
+from ..base import FULL, AddOption, Columns, Packed, Presentation, Reader, RecordKind, expand, register
 from .coding import ELF_DTYPES, SPECS, Coding, SideError, elf_bits
 from .values import find_values, sniff
-from .layout import HEADER, Layout, RecordWriter, parse_layout
+from .layout import HEADER, Layout, RecordWriter, blob_limit, header_limit, parse_layout
 from .options import (MAX_PLANES, PRECISION, add_pack_options, add_select_options, asked, plan_record_problem,
                       record_label)
 from ..plain import CHUNK_SIZE
+
+MAX_CACHED_PIECES = 1 << 18
+"""Pieces (value segments and the runs between them) of the layouts kept: ~40 MiB of lists at most."""
 
 @register
 class FloatRecords(RecordKind):
@@ -53,6 +54,7 @@ class FloatRecords(RecordKind):
         self.elf = elf
         self.error = error
         self._layouts: OrderedDict[tuple[int, int], Layout] = OrderedDict()
+        self._pieces = 0  # pieces of the cached layouts (a record may have up to 2 * MAX_SEGMENTS + 1)
 
     # --- presentation -------------------------------------------------------------------------
 
@@ -127,7 +129,7 @@ class FloatRecords(RecordKind):
         try:
             data = coding.present(coding.codes(n, planes, interleaved, kept), kept, side)
         except SideError as err:
-            raise DataError(f"{os.fsdecode(reader.index.path(entry))}: value chunk {c}: {err}") from None
+            raise reader.fault(entry, layout.first + 1 + c, f"value chunk {c}: {err}") from None
         if not whole:
             reader.cache.put(key, data)
         return data
@@ -144,10 +146,11 @@ class FloatRecords(RecordKind):
         try:
             layout = parse_layout(ix, entry, reader.blob(entry, first, 0), reader.chunk_size)
         except (ValueError, struct.error) as err:
-            raise DataError(f"{os.fsdecode(ix.path(entry))}: bad float record header: {err}") from None
+            raise reader.fault(entry, first, f"bad float record header: {err}") from None
         self._layouts[key] = layout
-        if len(self._layouts) > 4096:
-            self._layouts.popitem(last=False)
+        self._pieces += len(layout.starts)
+        while len(self._layouts) > 1 and (len(self._layouts) > 4096 or self._pieces > MAX_CACHED_PIECES):
+            self._pieces -= len(self._layouts.popitem(last=False)[1].starts)
         return layout
 
     # --- index --------------------------------------------------------------------------------
@@ -158,8 +161,16 @@ class FloatRecords(RecordKind):
             return f"a float record with fewer than 2 or more than {MAX_PLANES + 1} layers"
         if (index.count[entries].astype(np.int64) < layers + 1).any():
             return "a float record with fewer blobs than it has layers"
-        if (index.blob_raw[index.first[entries]] < HEADER.size).any():
+        first = index.first[entries].astype(np.int64)
+        header = index.blob_raw[first].astype(np.int64)
+        if (header < HEADER.size).any():
             return "a float record whose header blob is too short"
+        # every blob is decoded whole: bound what each may decode to before any is read
+        if (header > header_limit(index.size[entries])).any():
+            return "a float record whose header blob is larger than its file's value segments allow"
+        blobs, owner = expand(first, index.count[entries])
+        if (index.blob_raw[blobs[blobs != first[owner]]] > blob_limit(int(index.meta["chunk_size"]))).any():
+            return "a float record blob larger than a chunk of values can need"
         return None
 
     def describe(self, index: Columns, entries: np.ndarray) -> dict[str, Any]:

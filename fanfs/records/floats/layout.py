@@ -19,13 +19,27 @@ import numpy as np
 from ...codecs import Zstd
 from ...util.checksum import Digest
 from ..base import Columns
-from .coding import ELF_DTYPES, SPECS, Coding
-from .values import ValueMap
+from .coding import ELF_DTYPES, SIDE, SPECS, Coding
+from .values import MAX_SEGMENTS, ValueMap
 
 HEADER = struct.Struct("<8sBBBBBxxxIIQQd")  # magic, version, ELF?, dtype, planes, mbits, chunk values,
 _MAGIC = b"FANFSFLT"                      # segments, values, non-value bytes, ELF bound
 _DTYPES = ("f16", "bf16", "f32", "f64")
 _ESTIMATE = Zstd(1)  # compares planes with whole codes at pack time
+
+
+def header_limit(size: np.ndarray) -> np.ndarray:
+    """The most bytes a float record's header blob can hold for a file of ``size`` bytes: 16 per value
+    segment, and a file has at most one segment per 2 bytes (a float16) and at most MAX_SEGMENTS."""
+    return HEADER.size + 16 * np.minimum(MAX_SEGMENTS, np.asarray(size, np.int64) // 2)
+
+
+def blob_limit(chunk: int) -> int:
+    """The most bytes any other blob of a float record holds in a store of ``chunk``-byte chunks: the side
+    data of a chunk of float16 values (every value an exception, plus the zero bitmap), more than any
+    plane or non-value chunk holds."""
+    values = chunk // 2
+    return SIDE.size + values * (4 + 2) + values // 8 + 1
 
 
 @dataclass
@@ -60,7 +74,7 @@ def parse_layout(ix: Columns, entry: int, head: bytes, chunk: int) -> Layout:
         raise ValueError("ELF parameters out of range")
     size = int(ix.size[entry])
     if len(head) != HEADER.size + 16 * segments or not planes == coding.planes == int(ix.layers[entry]) - 1 \
-            or not 1 <= chunk_values <= (64 << 20) // spec.width or values == 0 \
+            or not 1 <= chunk_values <= chunk // spec.width or values == 0 \
             or other + values * spec.width != size:
         raise ValueError("header does not match the index")
     offsets = np.frombuffer(head, "<u8", segments, HEADER.size).astype(np.int64)
@@ -85,7 +99,7 @@ def parse_layout(ix: Columns, entry: int, head: bytes, chunk: int) -> Layout:
     expected_other = np.full(skeleton, chunk, np.int64)
     if skeleton:
         expected_other[-1] = other - (skeleton - 1) * chunk
-    if (raw[1:1 + chunks] > 8 + sizes * (4 + spec.width) + sizes // 8 + 1).any() \
+    if (raw[1:1 + chunks] > SIDE.size + sizes * (4 + spec.width) + sizes // 8 + 1).any() \
             or (raw[1 + chunks:1 + chunks + skeleton] != expected_other).any():
         raise ValueError("side or non-value blob sizes do not match the header")
     plane_raw = raw[1 + chunks + skeleton:].reshape(planes, chunks)

@@ -18,6 +18,10 @@ from dataclasses import dataclass
 
 NPY_MAGIC = b"\x93NUMPY"
 MAX_HEADER = 100 << 20  # safetensors' own limit on its JSON header
+MAX_SEGMENTS = 1 << 16
+"""Value segments a float record may have: its header lists each in 16 bytes, and a reader decodes the
+header whole, so this bounds that decode (1 MiB) and the layout kept per record.  Back-to-back tensors
+are one segment, so only files whose float tensors are split by more than 65,535 others reach it."""
 _NPY_FLOATS = {"<f2": "f16", "<f4": "f32", "<f8": "f64"}
 SAFETENSORS_FLOATS = {"F16": "f16", "BF16": "bf16", "F32": "f32", "F64": "f64"}
 _SAFETENSORS_WIDTHS = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
@@ -56,9 +60,10 @@ def sniff(head: bytes) -> bool:
 def find_values(fd: int, size: int, head: bytes) -> ValueMap | str:
     """The value map of an open file, or why its values cannot be stored as float records."""
     try:
-        if head.startswith(NPY_MAGIC):
-            return _npy(fd, size, head)
-        return _safetensors(fd, size, head)
+        found = _npy(fd, size, head) if head.startswith(NPY_MAGIC) else _safetensors(fd, size, head)
+        if isinstance(found, ValueMap) and len(found.offsets) > MAX_SEGMENTS:
+            return f"{len(found.offsets):,} separate runs of float values, more than {MAX_SEGMENTS:,}"
+        return found
     except (ValueError, SyntaxError, TypeError, KeyError, struct.error, RecursionError, MemoryError) as err:
         return f"unreadable header ({type(err).__name__})"
 

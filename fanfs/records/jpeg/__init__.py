@@ -3,6 +3,7 @@ scripts it may follow (:mod:`.scans`), the lossless transcoder (:mod:`.transcode
 its fidelity setting and pack options (:mod:`.options`)."""
 
 from .kind import MAX_SIZE, JpegRecords
-from .options import FIDELITY
+from .markers import frame
+from .options import DEFAULT_MAX_PIXELS, FIDELITY
 
-__all__ = ["FIDELITY", "MAX_SIZE", "JpegRecords"]
+__all__ = ["DEFAULT_MAX_PIXELS", "FIDELITY", "MAX_SIZE", "JpegRecords", "frame"]

@@ -16,8 +16,8 @@ import numpy as np
 from ...util.checksum import checksum
 from ...util.images import decode_pixels
 from ..base import AddOption, Columns, FULL, Packed, Presentation, Reader, RecordKind, expand, read_all, register
-from .markers import EOI, JpegError, looks_like_jpeg, split_layers
-from .options import FIDELITY, add_pack_options, scans_asked
+from .markers import EOI, JpegError, frame, looks_like_jpeg, split_layers
+from .options import DEFAULT_MAX_PIXELS, FIDELITY, add_pack_options, asked
 from .scans import DEFAULT_SCANS, LIBJPEG, scan_script
 from .transcode import to_progressive
 
@@ -32,9 +32,11 @@ class JpegRecords(RecordKind):
     label = "progressive records"
     setting = FIDELITY
 
-    def __init__(self, scans: str = DEFAULT_SCANS) -> None:
-        """``scans``: a preset name, ``libjpeg`` or a scan-script file (:func:`.scans.scan_script`)."""
+    def __init__(self, scans: str = DEFAULT_SCANS, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        """``scans``: a preset name, ``libjpeg`` or a scan-script file (:func:`.scans.scan_script`);
+        ``max_pixels``: larger JPEGs are kept as plain files (the transcode's memory grows with pixels)."""
         self.scan_script = scan_script(scans)
+        self.max_pixels = max_pixels
 
     # --- presentation -------------------------------------------------------------------------
 
@@ -123,8 +125,8 @@ class JpegRecords(RecordKind):
 
     @classmethod
     def for_pack(cls, options: Mapping[str, Any], plan_record: Mapping[str, Any] | None) -> RecordKind | None:
-        scans = scans_asked(options)
-        return None if scans is None else cls(scans)
+        arguments = asked(options)
+        return None if arguments is None else cls(**arguments)
 
     def claims(self, head: bytes) -> bool:
         return looks_like_jpeg(head[:4])
@@ -132,8 +134,13 @@ class JpegRecords(RecordKind):
     def pack(self, fd: int, size: int, head: bytes) -> Packed | str:
         if size > MAX_SIZE:
             return f"larger than {MAX_SIZE >> 20} MiB"
+        data = read_all(fd, size)
         try:
-            layers = split_layers(to_progressive(read_all(fd, size), self.scan_script))
+            image = frame(data)  # the pixel count from the header, before anything is decoded
+            if image.pixels > self.max_pixels:
+                return (f"{image.width}x{image.height} = {image.pixels:,} pixels, "
+                        f"more than --max-pixels {self.max_pixels:,}")
+            layers = split_layers(to_progressive(data, self.scan_script))
         except JpegError as err:
             return str(err)
         if len(layers) > MAX_LAYERS:
@@ -152,7 +159,8 @@ class JpegRecords(RecordKind):
 
     def pack_config(self) -> dict[str, Any] | None:
         script = self.scan_script
-        return {"scan_script": script.text if script else None, "scan_preset": script.name if script else LIBJPEG}
+        return {"scan_script": script.text if script else None, "scan_preset": script.name if script else LIBJPEG,
+                "max_pixels": self.max_pixels}
 
 
 def _range_sums(values: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ...errors import FanfsError
 
@@ -75,18 +76,45 @@ def _segments(data: bytes):
         pos = end
 
 
-def sof_components(data: bytes) -> tuple[int, int]:
-    """(SOF marker, number of components) of the first frame; JpegError if none."""
+class Frame(NamedTuple):
+    """A JPEG's frame header (SOF): what it says about the image, read without decoding anything."""
+
+    marker: int
+    components: int
+    width: int
+    height: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def frame(data: bytes) -> Frame:
+    """The first frame header of a JPEG (or of its first layer); JpegError if there is none before a scan."""
     if not data.startswith(SOI):
         raise JpegError("not a JPEG")
     for marker, start, end in _segments(data):
         if marker in _SOF:
-            if end - start < 10:
+            body = start
+            while data[body] == 0xFF:  # fill bytes, then the marker
+                body += 1
+            body += 3  # the marker and the segment's length
+            if end - body < 6:
                 raise JpegError(f"short SOF segment at byte {start}")
-            return marker, data[start + 9]
+            height, width = (data[body + 1] << 8) | data[body + 2], (data[body + 3] << 8) | data[body + 4]
+            return Frame(marker, data[body + 5], width, height)
         if marker in (0xDA, 0xD9):
             break
     raise JpegError("no SOF marker before the first scan")
+
+
+def end_of_image(data: bytes) -> int:
+    """Where the first image of a JPEG ends: just after its EOI, found by walking segment lengths and the
+    entropy-coded data (never by searching for FFD9, which EXIF thumbnails and scan data may hold)."""
+    end = 0
+    for _, _, end in _segments(data):
+        pass
+    return end
 
 
 def split_layers(progressive: bytes) -> list[bytes]:

@@ -7,9 +7,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...util.units import parse_size
 from ..base import AddOption
 from ..settings import FULL, Auto, Setting
 from .scans import DEFAULT_SCANS
+
+DEFAULT_MAX_PIXELS = 64 << 20
+"""``pack --max-pixels``: larger JPEGs (by their frame header) are kept as plain files.  Measured here
+(README, "Using it", pack): the transcode peaks at up to 6 bytes per pixel (colour 4:4:4) and the fidelity
+measurement at ~16, so 64M pixels (every camera up to 61 MP) costs a worker at most ~0.4 GB packing and
+~1.1 GB measuring; a 65535x65535 JPEG would cost ~26 and ~69 GB."""
 
 
 def parse_fidelity(text: str) -> int | Auto:
@@ -40,9 +47,19 @@ FIDELITY = Setting(
          "smallest K whose mean SSIM reaches 0.95 (see 'fanfs fidelity')")
 
 
+def positive_count(text: str) -> int:
+    """``--max-pixels``: a count above 0, with the sizes' suffixes (``64M``)."""
+    value = parse_size(text)
+    if value < 1:
+        raise ValueError(f"expected a count above 0, got {text!r}")
+    return value
+
+
 def add_pack_options(add: AddOption) -> None:
     add("--progressive-jpeg", action="store_true",
-        help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities")
+        help="store JPEGs as progressive records (lossless) so mounts can present lower fidelities; a JPEG "
+             "the transcoder refuses, one with bytes after its end (EOI: MPO, motion photos, trailers) and "
+             "one over --max-pixels are kept byte for byte as plain files and listed")
     add("--scan-script", metavar="compact|fast|libjpeg|FILE",
         help="how progressive records are cut into scans (implies --progressive-jpeg): 'compact' "
              "(default): few bytes at SSIM 0.95 (fidelity auto:0.95) and a fast decode there; 'fast': "
@@ -50,10 +67,16 @@ def add_pack_options(add: AddOption) -> None:
              "default before the presets; fewer bytes at SSIM 0.95 on high-quality photos, slower "
              "decode); or a jpegtran scan-script FILE (a lossy one is refused). Compare them with "
              "'fanfs fidelity --source'; see the README, 'Scan scripts'")
+    add("--max-pixels", type=positive_count, metavar="N",
+        help="JPEGs with more pixels (width x height, read from the header) are kept byte for byte as "
+             "plain files and listed (implies --progressive-jpeg; default 64M = 67,108,864: every camera up "
+             "to 61 MP). The transcode needs up to 6 bytes per pixel, measuring fidelity ~16 (README)")
 
 
-def scans_asked(options: Mapping[str, Any]) -> str | None:
-    """The scan script pack is asked for (a preset's name or a file), or None: no progressive records."""
-    if options.get("scan_script") is not None:
-        return options["scan_script"]
-    return DEFAULT_SCANS if options.get("progressive_jpeg") else None
+def asked(options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The progressive records pack is asked for, as the kind's arguments (``scans``: a preset's name or a
+    scan-script file; ``max_pixels``), or None: none."""
+    if options.get("scan_script") is None and not options.get("progressive_jpeg") and options.get("max_pixels") is None:
+        return None
+    return {"scans": DEFAULT_SCANS if options.get("scan_script") is None else options["scan_script"],
+            "max_pixels": DEFAULT_MAX_PIXELS if options.get("max_pixels") is None else options["max_pixels"]}

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import threading
 
-from .markers import JpegError, looks_like_jpeg, sof_components, split_layers
+from .markers import JpegError, end_of_image, frame, looks_like_jpeg, split_layers
 from .scans import ScanScript
 
 TJXOP_NONE = 0
@@ -125,23 +125,26 @@ def to_progressive(data: bytes, scan_script: ScanScript | None = None) -> bytes:
     """Losslessly transcode a JPEG to progressive, keeping every marker (EXIF, ICC, COM).
 
     Raises JpegError on anything the transcoder refuses or warns about (truncated or corrupt
-    entropy data decode with warnings into garbage). An input that is already a well-formed
-    progressive JPEG comes back unchanged when no script is given.
+    entropy data decode with warnings into garbage), and on bytes after the image's EOI, which a
+    transcode would drop: an MPO's second image, a motion photo's video, a camera's trailer.  They
+    cannot ride along after the transcode either: an MPO locates its images by offsets that the
+    transcode moves.  An input that is already a well-formed progressive JPEG comes back unchanged
+    when no script is given.
     """
     if not isinstance(data, bytes):
         data = bytes(data)
     if not looks_like_jpeg(data[:4]):
         raise JpegError("not a JPEG")
-    sof, ncomp = sof_components(data)
+    after = len(data) - end_of_image(data)
+    if after:
+        raise JpegError(f"bytes after EOI ({after:,})")
+    sof = frame(data)
     if scan_script is None:
         out = _transformer().progressive(data)  # also validates the whole entropy stream
-        if sof == 0xC2:
-            try:
-                split_layers(data)
-                return data
-            except JpegError:
-                pass  # e.g. bytes after EOI: serve the clean transcode instead
+        if sof.marker == 0xC2:
+            split_layers(data)
+            return data
     else:
-        out = _jpegtran(data, scan_script.fitted(ncomp))
+        out = _jpegtran(data, scan_script.fitted(sof.components))
     split_layers(out)  # never hand out something the reader cannot split
     return out

@@ -1,0 +1,48 @@
+"""What the file system presents and what it reads: its keyword arguments turned into a presentation and a store.
+
+Both are here, each in one function, so that they change in one place: the presentation (whatever settings
+the record kinds declare, by name, read from their registry), the store when a cluster node reads its
+staged copy and its peers
+(:func:`open_store` is then the one thing to replace: a ``Store`` with other ``sources`` and
+``is_local``, as :func:`fanfs.cluster.node._mount_alone` builds for a mount).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+from ..errors import UsageError
+from ..records import Presentation, check_presentation, parse_all, resolve, unresolved
+from ..store import Store
+from ..util.units import parse_size
+
+log = logging.getLogger("fanfs")
+
+Value = int | str
+"""A setting's value as given to the file system: its kind's syntax, or an int."""
+
+
+def open_store(root: str | os.PathLike, cache_size: int | str) -> Store:
+    """The store a file system reads: ``root``'s own shards (checked at open, like a mount's)."""
+    try:
+        size = parse_size(cache_size) if isinstance(cache_size, str) else int(cache_size)
+    except (TypeError, ValueError):
+        size = -1
+    if size < 0:
+        raise UsageError(f"bad cache_size {cache_size!r}: use bytes or a size such as 64M")
+    return Store(os.fspath(root), cache_size=size)
+
+
+def presentation(store: Store, given: Mapping[str, Value]) -> Presentation:
+    """The settings given (a record kind's setting by name: its value as the command line writes it, e.g.
+    ``fidelity="auto:0.95"``, or an int) as the store's presentation, checked against its files as ``fanfs mount``
+    checks it (UsageError naming the range).  ``auto`` values are looked up on the store's measured curve, as
+    ``fanfs mount`` does (measured in this process if not cached yet: no pool is forked from a training process)."""
+    from .. import tune  # noqa: F401  (registers the resolvers of auto values)
+    values = parse_all(given)
+    measured = store
+    if unresolved(values):  # counted apart: the store's stats are the user's reads
+        measured = Store(store.root, cache_size=0, sources=store.sources, check_shards=False, index=store.index)
+    return check_presentation(store.index, resolve(measured, values, processes=1, note=lambda text: log.info("%s", text)))
