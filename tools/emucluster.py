@@ -48,14 +48,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NETNS_DIR = Path("/run/netns")
-LOCK = Path("/run/fanfs-emucluster.lock")
+REGISTRY = Path("/run/fanfs-emucluster")  # one file per running cluster (named by its tag) holding its directory
+LOCK = REGISTRY / "lock"
 SUBNETS = ipaddress.ip_network("10.201.0.0/16")  # one /24 per cluster, the first one not on this host
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 FIRST_NODE_HOST = 10  # nodes are .10, .11, ...; the bridge (the host) is .1, storage .2
 _seq = itertools.count()
 _NETNS_RE = re.compile(r"^fanfs-(\d+)-(\d+)-")
 _LINK_RE = re.compile(r"^fz(\d+)-(\d+)")
-_WORKDIR_RE = re.compile(r"/fanfs-emu-(\d+)-")
+_TAG_RE = re.compile(r"^(\d+)-(\d+)$")
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)([kmg]?)bit$")
 
 
@@ -370,26 +371,30 @@ def _delete_netns(netns: str) -> None:
     _run("ip", "netns", "del", netns, check=False)
 
 
-def _unmount_under(root: str) -> None:
-    """Lazily unmount whatever is still mounted under ``root`` (deepest first)."""
+def _unmount_under(root: str) -> list[str]:
+    """Lazily unmount whatever is still mounted under ``root`` (deepest first); returns the mount points."""
     with open("/proc/self/mounts") as f:
         points = [line.split()[1].encode().decode("unicode_escape") for line in f]
-    for point in sorted((p for p in points if p.startswith(root + "/")), key=len, reverse=True):
+    under = sorted((p for p in points if p.startswith(root.rstrip("/") + "/")), key=len, reverse=True)
+    for point in under:
         _run("fusermount3", "-u", "-z", point, check=False)
         if os.path.ismount(point):
             _run("umount", "-l", point, check=False)
+    return under
 
 
 def sweep_leftovers() -> list[str]:
     """Remove what emulated clusters of owners no longer alive left behind; returns what was removed."""
     removed = []
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            point = line.split()[1].encode().decode("unicode_escape")
-            m = _WORKDIR_RE.search(point)
-            if m and not _alive(int(m.group(1))):
-                _run("fusermount3", "-u", "-z", point, check=False)
-                removed.append(f"mount {point}")
+    for marker in sorted(REGISTRY.glob("*-*")) if REGISTRY.is_dir() else []:
+        m = _TAG_RE.match(marker.name)
+        if m and not _alive(int(m.group(1))):
+            root = marker.read_text().strip()
+            removed += [f"mount {point}" for point in _unmount_under(root)]
+            if os.path.isdir(root):
+                shutil.rmtree(root, ignore_errors=True)
+                removed.append(f"dir {root}")
+            marker.unlink()
     if NETNS_DIR.is_dir():
         for ns in sorted(NETNS_DIR.iterdir()):
             m = _NETNS_RE.match(ns.name)
@@ -402,13 +407,6 @@ def sweep_leftovers() -> list[str]:
         if m and not _alive(int(m.group(1))):
             _run("ip", "link", "del", name, check=False)
             removed.append(f"link {name}")
-    for base in {tempfile.gettempdir(), "/dev/shm"}:
-        for path in Path(base).glob("fanfs-emu-*"):
-            m = _WORKDIR_RE.search(str(path))
-            if m and not _alive(int(m.group(1))):
-                _unmount_under(str(path))
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(f"dir {path}")
     return removed
 
 
@@ -467,7 +465,11 @@ def emulated_cluster(nodes: int = 4, link: str = "1gbit", storage_link: str = "1
     tag = f"{os.getpid()}-{next(_seq)}"
     base = workdir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
     with _sigterm_raises(), contextlib.ExitStack() as undo:
+        REGISTRY.mkdir(mode=0o755, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix=f"fanfs-emu-{tag}-", dir=base))
+        marker = REGISTRY / tag
+        marker.write_text(str(root))
+        undo.callback(marker.unlink)
         undo.callback(shutil.rmtree, root, ignore_errors=True)
         undo.callback(_unmount_under, str(root))  # after everything else: whatever a caller left mounted
         if export is None:
@@ -494,6 +496,17 @@ def _status() -> list[dict[str, object]]:
              "namespaces": sorted(names)} for tag, names in sorted(owners.items())]
 
 
+def _end_owner(pid: int) -> None:
+    """SIGTERM an owner of a cluster and wait (bounded) until it has torn its cluster down."""
+    if not any(c["owner_pid"] == pid and c["alive"] for c in _status()):
+        raise EmulationError(f"no running cluster is owned by pid {pid} (see 'status')")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while _alive(pid) and any(c["owner_pid"] == pid for c in _status()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print(f"asked {pid} to tear its cluster down")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -503,8 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--storage-link", default="1gbit", help="the storage's one link, shared by all nodes (default 1gbit)")
     up.add_argument("--export", help="the directory the shared file system serves (default: an empty one)")
     up.add_argument("--workdir", help="where the cluster's directory goes (default /dev/shm)")
-    down = sub.add_parser("down", help="end running clusters (SIGTERM to their owner) and sweep leftovers of dead ones")
-    down.add_argument("pid", nargs="?", type=int, help="only the cluster of this owner pid")
+    down = sub.add_parser("down", help="remove what clusters of dead owners left; with PID, first end that owner's")
+    down.add_argument("pid", nargs="?", type=int, help="SIGTERM this owner (an 'up' or a test), which tears its cluster down")
     sub.add_parser("status", help="list emulated clusters on this machine (JSON)")
     args = parser.parse_args(argv)
     try:
@@ -515,10 +528,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "status":
             print(json.dumps(_status(), indent=2))
         else:
-            for cluster in _status():
-                if cluster["alive"] and args.pid in (None, cluster["owner_pid"]) and cluster["owner_pid"] != os.getpid():
-                    os.kill(int(cluster["owner_pid"]), signal.SIGTERM)
-                    print(f"asked {cluster['owner_pid']} to tear down cluster {cluster['cluster']}")
+            if args.pid is not None:
+                _end_owner(args.pid)
             for thing in sweep_leftovers():
                 print(f"removed {thing}")
     except EmulationError as err:
