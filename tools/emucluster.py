@@ -460,7 +460,8 @@ def emulated_cluster(nodes: int = 4, link: str = "1gbit", storage_link: str = "1
         raise EmulationError(why)
     if not 1 <= nodes <= 200:
         raise EmulationError(f"nodes must be 1..200, not {nodes}")
-    rate_bits(link), rate_bits(storage_link)
+    for rate in (link, storage_link):
+        rate_bits(rate)  # a bad rate is refused before anything is made
     sweep_leftovers()
     tag = f"{os.getpid()}-{next(_seq)}"
     base = workdir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
