@@ -463,7 +463,7 @@ def emulated_cluster(nodes: int = 4, link: str = "1gbit", storage_link: str = "1
     for rate in (link, storage_link):
         rate_bits(rate)  # a bad rate is refused before anything is made
     sweep_leftovers()
-    tag = f"{os.getpid()}-{next(_seq)}"
+    tag = f"{os.getpid()}-{next(_seq) % 10}"  # one digit: a link name (fzPID-Sn199) fits the kernel's 15 characters
     base = workdir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
     with _sigterm_raises(), contextlib.ExitStack() as undo:
         REGISTRY.mkdir(mode=0o755, exist_ok=True)
