@@ -28,11 +28,11 @@ from emucluster import emulated_cluster, rate_bits
 
 RANK_PROGRAM = """
 import json, sys, time
-from fanfs.cluster.world import World, load_index
+from fanfs.cluster.world import World, expand, load_index
 world = World.detect()
 world.comm.Barrier()
 ready = time.time()
-load_index(sys.argv[1], world)
+load_index(expand(sys.argv[1]), world)
 world.comm.Barrier()
 indexed = time.time()
 world.bcast_bytes(bytearray(int(sys.argv[2])) if world.rank == 0 else None)
@@ -89,7 +89,7 @@ def project(model: dict[str, float], args: argparse.Namespace) -> list[list[Any]
         at_k = full * args.k_bytes
         remote = (1 - replicas / n) * args.rate * FILE_BYTES
         direct = n * args.rate * FILE_BYTES
-        rows.append([n, startup, bcast, full, at_k, remote / 1e6, direct / shared_bps])
+        rows.append([n, startup, bcast, full, at_k, remote / 1e6, direct / shared_bps, n * args.rate])
     return rows
 
 
@@ -107,15 +107,20 @@ def main() -> int:
                         help="projected shared file system, aggregate (default 800gbit = 100 GB/s)")
     parser.add_argument("--rate", type=float, default=2000, help="projected images/s each node's training reads")
     parser.add_argument("--k-bytes", type=float, default=0.52, help="bytes at the recommended K / full (default 0.52)")
+    parser.add_argument("--calibration", metavar="JSON", help="project from an earlier run's --json, emulating nothing")
     bl.common_args(parser)
     args = parser.parse_args()
     print(f"load {bl.load_average()}", flush=True)
-    with bl.temp_dir(args.workdir, "scale-model-") as base:
-        export = base / "export"
-        export.mkdir()
-        make_tree(export / "images", args.images, 110_000)
-        bl.run([*bl.FANFS, "pack", export / "images", export / "store", "--quiet"], timeout=3600)
-        rows = calibrate(args, export, base)
+    if args.calibration:
+        with open(args.calibration) as f:
+            rows = json.load(f)["calibration"]
+    else:
+        with bl.temp_dir(args.workdir, "scale-model-") as base:
+            export = base / "export"
+            export.mkdir()
+            make_tree(export / "images", args.images, 110_000)
+            bl.run([*bl.FANFS, "pack", export / "images", export / "store", "--quiet"], timeout=3600)
+            rows = calibrate(args, export, base)
     model = fit(rows, rate_bits(args.link), rate_bits(args.storage_link))
     print(f"\nfitted: start-up {model['startup_a']:.2f} + {model['startup_b']:.3f} * N s; a broadcast of I bytes takes "
           f"I / link * ({model['bcast_p']:.2f} + {model['bcast_q']:.2f} * log2 N); staging uses "
@@ -124,8 +129,8 @@ def main() -> int:
           f"{FILES * INDEX_PER_FILE / 1e6:.0f} MB), replicas {args.replicas}, {args.project_link} node links, shared file "
           f"system {args.project_storage} in all, {args.rate:,.0f} images/s per node")
     table = project(model, args)
-    print(bl.table(["nodes", "start-up s", "index bcast s", "stage full s", "stage K s", "remote MB/s per node",
-                    "direct: x shared FS"], table))
+    print(bl.table(["nodes", "start-up s (bound)", "index bcast s", "stage full s", "stage K s", "remote MB/s per node",
+                    "direct: x shared FS", "direct: opens/s"], table))
     bl.write_json(args.json, {"calibration": rows, "model": model, "projection": table, "load": bl.load_average(),
                               "parameters": {k: v for k, v in vars(args).items() if k != "sizes"} | {"sizes": args.sizes}})
     return 0
