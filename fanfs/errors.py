@@ -12,6 +12,10 @@ import errno
 class FanfsError(Exception):
     """Something fanfs cannot do as asked; the message is one line for the user."""
 
+    said_elsewhere = False
+    """True where another process of the same job prints this very message (a job's rank 0): this one
+    only exits 1, so the user reads the line once."""
+
 
 class StoreError(FanfsError):
     """A store that cannot be used as asked (missing, foreign, corrupt, incomplete)."""

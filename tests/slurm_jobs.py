@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import mpi_segments_since
+
 REPO = Path(__file__).resolve().parent.parent
 SBATCH = REPO / "slurm" / "train.sbatch"
 TASK = Path(__file__).resolve().parent / "slurm_task.py"
@@ -20,8 +22,15 @@ def submit(slurm, store: Path, out: Path, *task_args: str, env: dict[str, str] |
     """``sbatch -N 3 slurm/train.sbatch STORE python slurm_task.py OUT '$FANFS_MNT' ...`` with fanfs on PATH."""
     out.mkdir(exist_ok=True)
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    return slurm.submit(SBATCH, store, sys.executable, TASK, out, "$FANFS_MNT", *task_args,
+    submitted = time.time()
+    job = slurm.submit(SBATCH, store, sys.executable, TASK, out, "$FANFS_MNT", *task_args,
                         sbatch_options=["-N", str(nodes), *options], env={"PATH": path, **(env or {})})
+    SUBMITTED[job] = submitted
+    return job
+
+
+SUBMITTED: dict[int, float] = {}
+"""When each job was submitted (time.time()): MPI segments in /dev/shm made since then are its."""
 
 
 def reports(out: Path) -> dict[str, dict]:
@@ -29,8 +38,9 @@ def reports(out: Path) -> dict[str, dict]:
 
 
 def leftovers(slurm, job: int) -> list[str]:
-    """Anything of the job still on a node: its directories, mounts, and processes."""
+    """Anything of the job still on a node: its directories, mounts, processes and MPI segments in /dev/shm."""
     found = [str(p) for node in slurm.nodes for p in (slurm.base_dir / "tmp" / node).glob(f"fanfs-{job}-*")]
+    found += [f"/dev/shm/{name}" for name in mpi_segments_since(SUBMITTED[job])] if job in SUBMITTED else []
     with open("/proc/mounts") as f:
         found += [line.strip() for line in f if f"fanfs-{job}-" in line]
     for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -3,7 +3,7 @@
     slurm_task.py OUT MNT [--source DIR] [--images DIR] [--sleep S] [--exit N] [ARG...]
 
 Writes ``OUT/<node>-<task>.json``: the node, the mount point it was given (argument and $FANFS_MNT),
-the extra arguments exactly as received, the mount's fidelity ('fanfs stats'), and what it checked:
+the extra arguments exactly as received, the mount's fidelity and serving processes ('fanfs stats'), and what it checked:
 with ``--source``, that every file under the mount has the source's bytes; with ``--images``, that
 every JPEG that Pillow can open in the source decodes through the mount, at the source's size.  Then sleeps and exits
 as asked (a long training step to cancel, a failing one).
@@ -32,7 +32,9 @@ node, task = os.environ["SLURMD_NODENAME"], os.environ["SLURM_PROCID"]
 report = {"node": node, "task": task, "mnt": args.mnt, "env_mnt": os.environ.get("FANFS_MNT"),
           "extra": args.extra, "files": 0, "mismatches": [], "images": 0}
 stats = subprocess.run([sys.executable, "-m", "fanfs", "stats", args.mnt, "--json"], capture_output=True, text=True)
-report["fidelity"] = json.loads(stats.stdout)["fidelity"] if stats.returncode == 0 else stats.stderr
+served = json.loads(stats.stdout) if stats.returncode == 0 else {}
+report["fidelity"] = served.get("fidelity", stats.stderr)
+report["workers"] = served.get("workers")
 for top in filter(None, [args.source, args.images]):
     for root, _, files in os.walk(top):
         for name in files:

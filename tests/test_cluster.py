@@ -269,11 +269,11 @@ def test_stage_places_verifies_and_resumes(dataset, tmp_path):
 
 def test_every_mount_exact_with_remote_reads_and_clean_umount(dataset, tmp_path):
     src, store, files = dataset
-    with Job(store, tmp_path, 1, "--stage") as job:
+    with Job(store, tmp_path, 1, "--stage", "--workers", "2") as job:
         for mnt in job.mounts:
             assert_exact(src, mnt, files)
         pids = job.pids()
-        assert len(pids) == 2 * NODES  # each node: the rank the launcher started and its serving daemon
+        assert len(pids) == 4 * NODES  # each node: the rank the launcher started, its daemon, 2 serving processes
         for rank in range(NODES):
             c = job.stats(rank)["cluster"]
             assert c["local_bytes"] > 0 and c["remote_bytes"] > 0 and c["served_bytes"] > 0, c

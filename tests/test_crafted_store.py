@@ -44,7 +44,7 @@ def real_store(tmp_path_factory):
 def rewrite(store: Path, edit) -> None:
     """Rewrite STORE/index through ``edit(meta, columns)`` with a valid checksum."""
     path = str(store / INDEX_NAME)
-    meta, columns, _ = read_index(path)
+    meta, columns, *_ = read_index(path)
     columns = {name: np.array(column) for name, column in columns.items()}  # writable copies
     edit(meta, columns)
     write_index(path, meta, columns)
@@ -295,3 +295,45 @@ def test_a_decompression_bomb_through_a_mount_is_one_logged_eio(float_store, tmp
         log = Path(log_path(str(mnt))).read_text()
     eio = [line for line in log.splitlines() if "EIO" in line]
     assert len(eio) == 1 and path in eio[0] and "shard 000000" in eio[0], log
+
+
+def _crafted_bytes(store: Path, tmp: Path) -> bytes:
+    """The bytes of a crafted index for ``store`` (valid checksum, a file whose blobs lie past its shard)."""
+    copy = tmp / "crafted"
+    shutil.copytree(store, copy)
+
+    def edit(meta, columns):
+        files = np.flatnonzero(columns["type"] == FILE)
+        first = int(columns["first"][files[0]])
+        columns["blob_offset"][first] = 2**40
+    rewrite(copy, edit)
+    return (copy / INDEX_NAME).read_bytes()
+
+
+def test_an_index_validated_before_is_trusted_only_while_it_is_the_same_file(real_store, tmp_path, monkeypatch):
+    """Issue 19: a node validates an unchanged index once (a record in this user's runtime dir), and a
+    crafted index put in its place is validated again however it gets there: written over in place with
+    its times restored, renamed over it, or copied elsewhere."""
+    import fanfs.store.index as index_module
+    store = tmp_path / "store"
+    shutil.copytree(real_store, store)
+    Store(str(store)).close()  # validated and recorded
+    calls = []
+    real_validate = index_module.validate
+    monkeypatch.setattr(index_module, "validate", lambda ix: calls.append(1) or real_validate(ix))
+    Store(str(store)).close()
+    assert calls == []  # the same file: trusted
+    crafted = _crafted_bytes(real_store, tmp_path)
+    path = store / INDEX_NAME
+    st = os.stat(path)
+    if len(crafted) == st.st_size:  # written over in place, its modification time put back
+        with open(path, "r+b") as f:
+            f.write(crafted)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with pytest.raises(StoreError, match="outside its shard"):
+            Store(str(store))
+    (tmp_path / "new-index").write_bytes(crafted)
+    os.replace(tmp_path / "new-index", path)  # renamed over it
+    with pytest.raises(StoreError, match="outside its shard"):
+        Store(str(store))
+    assert len(calls) >= 1

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from conftest import fanfs
+from conftest import fanfs, force_unmount
 from trees import damaged_copy
 
 
@@ -38,11 +42,45 @@ def test_full_disk_names_the_file_system_and_the_bytes_needed(tmp_path):
     try:
         done = fanfs("pack", src, small / "store", "--shard-size", "1M", check=False)
         assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert re.search(rf"no space left on {small} \(tmpfs\)", done.stderr), done.stderr
+        assert re.search(rf"no space left on {small} \(tmpfs\) for the store {small / 'store'}:", done.stderr), done.stderr
         assert re.search(r"needs about \d+(\.\d)? [KMG]iB more", done.stderr), done.stderr
         assert os.listdir(small) == []
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_stage_that_fills_the_disk_says_so_once(store, tmp_path, ranks):
+    """A tmpfs with inodes for two shard copies: the third shard's copy fails with ENOSPC (the free-space
+    check, in bytes, passes), and every later one would too."""
+    from test_cluster import MPIEXEC, finish, mpiexec
+    fanfs("pack", store / "src", tmp_path / "store", "--shard-size", "16K", "--quiet")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=20m,nr_inodes={2 + 3 * ranks}", "tmpfs", str(small)], check=True)
+    try:
+        if ranks == 1:
+            done = fanfs("stage", tmp_path / "store", small / "local", "--quiet", check=False)
+            code, err = done.returncode, done.stderr
+        else:
+            if not MPIEXEC.exists():
+                pytest.skip("needs the pip mpich's mpiexec")
+            proc = mpiexec("stage", tmp_path / "store", small / "local{rank}", "--quiet", nodes=ranks,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            code, err = finish(proc, 60), proc.stderr.read()
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert err.count("No space left on device") == ranks and "free space" in err, err
+        assert not [p for p in small.rglob("*.tmp")]
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_an_empty_tree_packs_without_a_meaningless_ratio(tmp_path):
+    (tmp_path / "empty").mkdir()
+    done = fanfs("pack", tmp_path / "empty", tmp_path / "store")
+    assert "packed 0 files" in done.stdout and "nan" not in done.stdout and "0 B/s" not in done.stdout, done.stdout
+    assert "nan" not in fanfs("info", tmp_path / "store").stdout
 
 
 STARTED = "import sys; from fanfs.cli import entry; print('started', file=sys.stderr, flush=True); entry()"
@@ -117,3 +155,91 @@ def test_a_closed_pipe_ends_the_command_quietly(store):
     proc.stdout.close()  # as `| head -0` would
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 141 and err == b"", err
+
+
+def _fake_libfuse(directory: Path, source: str | None) -> dict[str, str]:
+    """An environment whose ``libfuse3.so.3`` is ``directory``'s: libz (no libfuse at all), or compiled C."""
+    directory.mkdir()
+    if source is None:
+        os.symlink("/lib/x86_64-linux-gnu/libz.so.1", directory / "libfuse3.so.3")
+    else:
+        (directory / "fake.c").write_text(source)
+        subprocess.run([shutil.which("cc"), "-shared", "-fPIC", "-o", directory / "libfuse3.so.3", directory / "fake.c"],
+                       check=True)
+    return {**os.environ, "LD_LIBRARY_PATH": str(directory)}
+
+
+@pytest.mark.parametrize("source, said", [
+    (None, "is not libfuse 3 (it has no fuse_version)"),
+    ("int fuse_version(void) { return 317; }", "is libfuse 3.17"),
+    ("int fuse_version(void) { return 314; }", "lacks fuse_session_new"),
+])
+def test_an_unknown_libfuse_is_one_line_naming_what_is_supported(store, tmp_path, source, said):
+    if source is None and not os.path.exists("/lib/x86_64-linux-gnu/libz.so.1") or source and not shutil.which("cc"):
+        pytest.skip("needs libz (and a C compiler) to make a library that is not libfuse 3")
+    env = _fake_libfuse(tmp_path / "lib", source)
+    (tmp_path / "mnt").mkdir()
+    for foreground in ((), ("--foreground",)):
+        done = fanfs("mount", store / "store", tmp_path / "mnt", *foreground, check=False, env=env, timeout=60)
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert said in done.stderr and "fanfs needs libfuse 3.0-3.16 (libfuse3.so.3)" in done.stderr, done.stderr
+        assert not os.path.ismount(tmp_path / "mnt")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_failed_mount_says_libfuse_s_reason_in_one_line(store):
+    """As nobody, with allow_other (which /etc/fuse.conf does not allow users) or without access to
+    /dev/fuse: the reason libfuse or fusermount3 gives is the error, not a traceback's last lines."""
+    base = Path(tempfile.mkdtemp(prefix="fanfs-test-nobody-", dir="/tmp"))
+    try:
+        shutil.copytree(store / "store", base / "store")
+        (base / "mnt").mkdir()
+        os.chmod(base, 0o755)
+        for path in (base / "mnt", base):
+            os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+        done = subprocess.run([sys.executable, Path(__file__).parent / "as_nobody.py", "mount", base / "store",
+                               base / "mnt", "-o", "allow_other"], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "FANFS_RUNTIME_DIR": str(base / "run")})
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert re.search(r"cannot mount at \S+: (fuse: |fusermount3: ).*(/dev/fuse|allow_other)", done.stderr), done.stderr
+        assert "Traceback" not in done.stderr and "File " not in done.stderr and "[Errno" not in done.stderr
+        assert not os.path.ismount(base / "mnt")
+    finally:
+        force_unmount(base / "mnt")
+        shutil.rmtree(base)
+
+
+def test_a_blob_that_decodes_to_the_wrong_size_is_eio_and_logged_once(store, tmp_path, mount):
+    """A crafted store (valid checksums) whose blob is a zstd frame of fewer bytes than the index says."""
+    import numpy as np
+    import zstandard
+
+    from fanfs.serve.control import log_path
+    from fanfs.store.format import INDEX_NAME, SHARD_DIR, checksum, read_index, shard_name, write_index
+    bad = tmp_path / "bad"
+    shutil.copytree(store / "store", bad)
+    meta, columns, *_ = read_index(str(bad / INDEX_NAME))
+    columns = {name: np.array(column) for name, column in columns.items()}
+    from fanfs.store import Store
+    opened = Store(str(bad))
+    entry = opened.lookup(b"d/f3.txt")
+    opened.close()
+    blob = int(columns["first"][entry])
+    offset, length = int(columns["blob_offset"][blob]), int(columns["blob_stored"][blob])
+    frame = zstandard.ZstdCompressor().compress(b"short")
+    padding = length - len(frame) - 8  # a zstd skippable frame fills the blob to its stored size
+    crafted = frame + (0x184D2A50).to_bytes(4, "little") + padding.to_bytes(4, "little") + bytes(padding)
+    shard = bad / SHARD_DIR / shard_name(int(columns["shard"][entry]))
+    data = bytearray(shard.read_bytes())
+    data[offset:offset + length] = crafted
+    shard.write_bytes(data)
+    columns["blob_checksum"][blob] = checksum(crafted)
+    columns["shard_checksum"][int(columns["shard"][entry])] = checksum(bytes(data))
+    write_index(str(bad / INDEX_NAME), meta, columns)
+    with mount(bad) as mnt:
+        for _ in range(3):
+            with pytest.raises(OSError) as info:
+                (mnt / "d" / "f3.txt").read_bytes()
+            assert info.value.errno == errno.EIO
+        log = Path(log_path(mnt)).read_text()
+    assert log.count(f"EIO d/f3.txt (shard") == 1 and "decoded 5 bytes, expected 35000" in log, log

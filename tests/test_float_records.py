@@ -258,7 +258,7 @@ def test_a_lying_index_gets_refused_or_eio_never_wrong_bytes(floats, tmp_path):
     for column, change in (("layers", 1), ("layers", -1), ("count", -1), ("size", 4), ("first", 1)):
         store = tmp_path / f"{column}{change}"
         shutil.copytree(stores["lossless"][0], store)
-        meta, columns, _ = read_index(str(store / INDEX_NAME))
+        meta, columns, *_ = read_index(str(store / INDEX_NAME))
         columns = {k: np.array(v) for k, v in columns.items()}
         entry = Store(str(stores["lossless"][0])).lookup(path.encode())
         columns[column][entry] = int(columns[column][entry]) + change
@@ -302,7 +302,7 @@ def test_a_format1_index_cannot_hold_float_records(tmp_path):
     """fanfs 0.1 refuses format 2 by its version; a format-1 header over float records is refused too."""
     store = tmp_path / "store"
     shutil.copytree(Path(__file__).parent / "fixtures" / "format2" / "store", store)
-    meta, columns, _ = read_index(str(store / INDEX_NAME))
+    meta, columns, *_ = read_index(str(store / INDEX_NAME))
     write_index(str(store / INDEX_NAME), {**meta, "format": 1}, {k: np.array(v) for k, v in columns.items()})
     with pytest.raises(StoreError, match="float records in a store of format 1"):
         Store(str(store))

@@ -102,3 +102,27 @@ def test_xdg_runtime_dir_is_preferred_and_clean_runs_leave_no_log(tmp_path, monk
         assert any(p.suffix == ".log" for p in (xdg / "fanfs").iterdir())
         (mnt / "a.txt").read_text()
     assert not [p for p in (xdg / "fanfs").iterdir() if ".log" in p.name]  # a clean run removes its log
+
+
+@pytest.mark.parametrize("planted_by", ["another user", "myself, writable by all"])
+def test_a_local_dir_others_can_write_is_refused_by_stage_and_mount(shared_tmp, small_store, tmp_path, planted_by):
+    """Another user who can write the local directory could replace the staged shards."""
+    local = shared_tmp / "local"
+    if planted_by == "another user":
+        as_nobody("mkdir", "-m", "0777", str(local))
+    else:
+        local.mkdir()
+        os.chmod(local, 0o777)
+    said = "belongs to uid" if planted_by == "another user" else "writable by others"
+    done = fanfs("stage", small_store, local, "--quiet", check=False)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1 and said in done.stderr, done.stderr
+    assert os.listdir(local) == []
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for options in ((), ("--stage",)):
+        try:
+            done = fanfs("mount", small_store, mnt, "--local-dir", local, *options, check=False)
+        finally:
+            force_unmount(mnt)
+        assert done.returncode == 1 and said in done.stderr, done.stderr
+    assert os.listdir(local) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -93,3 +94,84 @@ def test_stage_creates_only_the_last_component(stores, tmp_path):
     assert not (tmp_path / "no").exists()
     fanfs("stage", stores / "plain", tmp_path / "local", "--quiet")
     assert sorted(os.listdir(tmp_path / "local"))
+
+
+@pytest.mark.parametrize("layout", ["store under it", "store is it", "store through a symlink", "store through a bind mount",
+                                    "local dir under it", "runtime dir under it"])
+def test_a_mount_point_holding_what_its_daemon_opens_is_refused(stores, tmp_path, layout):
+    """Served through its own mount, the daemon would wait on itself for ever (kill -9 and fusermount3 -u
+    were the only way out): refused before mounting, however the path reaches the mount point."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = dict(os.environ)
+    options: list[str] = []
+    store = mnt / "store"
+    bound = tmp_path / "bound"
+    if layout == "store is it":
+        store = mnt
+    if layout in ("store under it", "store is it", "store through a symlink", "store through a bind mount"):
+        shutil.copytree(stores / "plain", store, dirs_exist_ok=True)
+    if layout == "store through a symlink":
+        os.symlink(mnt, tmp_path / "link")
+        store = tmp_path / "link" / ".." / "mnt" / "store"
+    if layout == "store through a bind mount":
+        bound.mkdir()
+        subprocess.run(["mount", "--bind", str(mnt), str(bound)], check=True)
+        store = bound / "store"
+    if layout == "local dir under it":
+        store, options = stores / "plain", ["--local-dir", str(mnt / "local"), "--stage"]
+    if layout == "runtime dir under it":
+        store, env["FANFS_RUNTIME_DIR"] = stores / "plain", str(mnt / "run")
+    try:
+        done = fanfs("mount", store, mnt, *options, check=False, env=env, timeout=60)
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert f"is the mount point {mnt} or lies under it" in done.stderr, done.stderr
+        assert not os.path.ismount(mnt)
+    finally:
+        if os.path.ismount(mnt):
+            fanfs("umount", mnt, "--lazy", check=False, env=env)
+        force_unmount(mnt)
+        if layout == "store through a bind mount":  # (os.path.ismount cannot see a bind mount on the same device)
+            subprocess.run(["umount", str(bound)], check=True)
+
+
+def test_a_job_whose_local_dirs_lie_under_their_mount_points_fails_on_every_node_at_once(stores, tmp_path):
+    from test_cluster import MPIEXEC, finish, mpiexec
+    if not MPIEXEC.exists():
+        pytest.skip("needs the pip mpich's mpiexec")
+    mounts = [tmp_path / f"mnt{rank}" for rank in range(2)]
+    for mnt in mounts:
+        mnt.mkdir()
+    proc = mpiexec("mount", stores / "plain", tmp_path / "mnt{rank}", "--local-dir", tmp_path / "mnt{rank}" / "local",
+                   "--stage", "--foreground", nodes=2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert finish(proc, 60) == 1
+        err = proc.stderr.read()
+        assert len(err.strip().splitlines()) == 1 and "lies under it" in err, err
+        assert not any(os.path.ismount(m) for m in mounts)
+    finally:
+        for mnt in mounts:
+            force_unmount(mnt)
+
+
+def test_a_mount_s_lock_file_goes_when_its_daemon_ends(stores, tmp_path):
+    """Lock files no longer pile up in the runtime directory: a mount that ends, or is refused, removes
+    its own (the refusal of a racing second mount is test_two_mounts_of_one_point_at_once_never_stack)."""
+    from fanfs.serve.control import log_path
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    lock_file = Path(log_path(mnt)).with_suffix(".lock")  # beside the mount's log and socket
+    try:
+        fanfs("mount", stores / "plain", mnt)
+        assert lock_file.exists()
+        fanfs("umount", mnt)
+        assert not lock_file.exists()
+        assert fanfs("mount", stores / "records", mnt, "--fidelity", "99", check=False).returncode == 1
+        assert not lock_file.exists()
+        proc = subprocess.Popen([sys.executable, "-m", "fanfs", "mount", str(stores / "plain"), str(mnt), "--foreground"])
+        fanfs("wait", mnt, "--timeout", "60")
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+        assert not lock_file.exists() and not os.path.ismount(mnt)
+    finally:
+        force_unmount(mnt)

@@ -8,8 +8,11 @@ After every job, whatever its end, nothing of it may be left: no mount, no proce
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from conftest import fanfs
@@ -26,7 +29,8 @@ def _time_limit_running(time_limited_job) -> None:
 def test_job_reads_every_file_exactly_on_every_node(slurm, slurm_plain, tmp_path):
     src, store = slurm_plain
     started = time.monotonic()
-    job = submit(slurm, store, tmp_path / "out", "--source", str(src), "two words", "$FANFS_MNT/x")
+    job = submit(slurm, store, tmp_path / "out", "--source", str(src), "two words", "$FANFS_MNT/x",
+                 env={"FANFS_WORKERS": "2"})
     result = slurm.wait(job, timeout=120)
     output = slurm.output(job)
     assert result == ("COMPLETED", 0, 0), output
@@ -40,7 +44,7 @@ def test_job_reads_every_file_exactly_on_every_node(slurm, slurm_plain, tmp_path
         assert r["files"] == 120 and not r["mismatches"], r
         assert r["env_mnt"] == r["mnt"] and f"-{r['node']}" in r["mnt"]
         assert r["extra"] == ["two words", r["mnt"] + "/x"], "arguments arrive as given, $FANFS_MNT replaced"
-        assert r["fidelity"] == FULL
+        assert r["fidelity"] == FULL and r["workers"] == 2
     assert_nothing_left(slurm, job)
 
 
@@ -77,6 +81,21 @@ def test_one_node_failing_to_mount_fails_the_job_with_its_reason(slurm, slurm_pl
     assert len(errors) == 1 and "mnt-n2 on node n2" in errors[0], output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mnt-n2", "out"], "n1's and n3's mount points removed"
     assert not reports(tmp_path / "out")
+    assert_nothing_left(slurm, job)
+
+
+def test_a_mount_point_above_the_local_dir_fails_the_job_at_once(slurm, slurm_plain, tmp_path):
+    """FANFS_MNT an ancestor of FANFS_LOCAL: each node's daemon would read its shards through its own
+    mount and hang; every node refuses it before mounting, with one line for the job."""
+    local = tmp_path / "local"
+    local.mkdir()
+    job = submit(slurm, slurm_plain[1], tmp_path / "out", env={"FANFS_LOCAL": str(local), "FANFS_MNT": str(tmp_path)})
+    result = slurm.wait(job, timeout=60)
+    output = slurm.output(job)
+    assert result.state == "FAILED", output
+    errors = [line for line in output.splitlines() if "error" in line]
+    assert len(errors) == 1 and f"is the mount point {tmp_path} or lies under it" in errors[0], output
+    assert list(local.iterdir()) == [] and not os.path.ismount(tmp_path)
     assert_nothing_left(slurm, job)
 
 
@@ -147,3 +166,44 @@ def test_the_user_s_netmod_and_other_launchers_are_left_alone(monkeypatch):
             monkeypatch.setenv(name, value)
         _short_business_card(library)
         assert os.environ.get("MPIR_CVAR_CH4_NETMOD") == expected, (env, library)
+
+
+def test_only_whole_references_to_fanfs_mnt_are_replaced():
+    from fanfs.cluster.job import expand_mountpoint
+    for given, expected in [("$FANFS_MNT", "/m n"), ("${FANFS_MNT}/x", "/m n/x"), ("a=$FANFS_MNT:b", "a=/m n:b"),
+                            ("$FANFS_MNT_X", "$FANFS_MNT_X"), ("$FANFS_MNTX", "$FANFS_MNTX"), ("${FANFS_MNT_X}", "${FANFS_MNT_X}"),
+                            ('cd "$FANFS_MNT" && echo $FANFS_MNT_LOG', 'cd "/m n" && echo $FANFS_MNT_LOG'),
+                            ("$FANFS_MNT$FANFS_MNT", "/m n/m n"), ("\\1 $FANFS_MNT", "\\1 /m n")]:
+        assert expand_mountpoint(given, "/m n") == expected, given
+    assert expand_mountpoint("$FANFS_MNT", r"/a\1b") == r"/a\1b"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_another_user_can_neither_refuse_a_job_nor_plant_its_directory(slurm, slurm_plain, tmp_path):
+    """nobody makes the directories a job would have used (the former fanfs-JOBID-NODE) in a shared
+    FANFS_LOCAL, and look-alikes of the new ones holding a mnt/: the job runs, and its tasks find their own."""
+    from test_local_attacks import as_nobody
+    src, store = slurm_plain
+    local = Path(tempfile.mkdtemp(prefix="fanfs-test-local-", dir="/tmp"))
+    os.chmod(local, 0o1777)
+    out = tmp_path / "out"
+    try:
+        job = submit(slurm, store, out, "--source", str(src), "$FANFS_MNT_X", "${FANFS_MNT}/y",
+                     env={"FANFS_LOCAL": str(local)}, options=("--hold",))
+        planted = [local / f"fanfs-{job}-{node}{suffix}" for node in slurm.nodes for suffix in ("", "-evil")]
+        for path in planted:
+            as_nobody("mkdir", "-m", "0777", str(path))
+            as_nobody("mkdir", "-m", "0777", str(path / "mnt"))
+        slurm.run("scontrol", "release", str(job))
+        result = slurm.wait(job, timeout=120)
+        assert result == ("COMPLETED", 0, 0), slurm.output(job)
+        got = reports(out)
+        assert len(got) == NODES
+        for r in got.values():
+            assert r["files"] == 120 and not r["mismatches"], r
+            assert str(local) in r["mnt"] and "evil" not in r["mnt"] and r["mnt"].rstrip("/").endswith("/mnt"), r
+            assert r["extra"] == ["$FANFS_MNT_X", r["mnt"] + "/y"], "only whole references are replaced"
+        assert sorted(local.iterdir()) == sorted(planted) and all(os.listdir(p) == ["mnt"] for p in planted)
+        assert_nothing_left(slurm, job)
+    finally:
+        shutil.rmtree(local)

@@ -97,7 +97,9 @@ def photo_store(tmp_path_factory):
     return base / "src", store
 
 
-def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch, workers):
+    """With one serving loop, and with two serving processes that share the names' views through memory."""
     src, store = photo_store
     s = Store(str(store))
     names = sorted(p.name for p in src.iterdir())
@@ -109,7 +111,7 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch):
         valid[name] = _digests(s, entry, range(1, layers + 1))
     s.close()
     monkeypatch.setenv("FANFS_DEBUG_INVALIDATE_DELAY", "0.003")  # the daemon inherits it
-    with mount(store, "--fidelity", "2") as mnt:
+    with mount(store, "--fidelity", "2", "--workers", str(workers)) as mnt:
         reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"),
                                           [{"fidelity": k} for k in SWITCHES], 8, SECONDS, 0.2)
         print(f"{reads} reads by 8 processes, {switches} switches: {len(problems)} torn or undecodable")
@@ -146,7 +148,7 @@ def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monke
     monkeypatch.setenv("FANFS_DEBUG_INVALIDATE_DELAY", "0.003")
     settings = [{"precision": 8}, {"fidelity": 1}, {"precision": FULL}, {"fidelity": 3}, {"precision": 16},
                 {"fidelity": FULL}, {"precision": 24}, {"fidelity": 2}]
-    with mount(store, "--precision", "16", "--fidelity", "2") as mnt:
+    with mount(store, "--precision", "16", "--fidelity", "2", "--workers", "2") as mnt:
         reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(loadable, "npy"), settings, 6,
                                           SECONDS * 0.75, 0.15)
     print(f"{reads} reads by 6 processes, {switches} switches: {len(problems)} torn or unloadable")

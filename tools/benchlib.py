@@ -57,8 +57,9 @@ def run(cmd: Sequence[str | os.PathLike], **kwargs: Any) -> subprocess.Completed
     return done
 
 
-def fanfs(*args: str | os.PathLike) -> subprocess.CompletedProcess:
-    return run([*FANFS, *args], cwd=REPO)
+def fanfs(*args: str | os.PathLike, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m fanfs ARGS``; ``env``: its environment (e.g. PYTHONPATH to another checkout's fanfs)."""
+    return run([*FANFS, *args], cwd=REPO, env=env)
 
 
 def _alive(pid: int) -> bool:
@@ -91,12 +92,12 @@ def daemon_pid(mnt: Path) -> int:
 
 
 @contextlib.contextmanager
-def fanfs_mount(store: Path, mnt: Path, *options: str) -> Iterator[int]:
+def fanfs_mount(store: Path, mnt: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[int]:
     """``fanfs mount`` (returns once serving); yields the daemon pid; always unmounted afterwards."""
     mnt.mkdir(parents=True, exist_ok=True)
     pid = None
     try:
-        fanfs("mount", store, mnt, *options)
+        fanfs("mount", store, mnt, *options, env=env)
         pid = daemon_pid(mnt)
         yield pid
     finally:

@@ -140,7 +140,7 @@ def pack(src: str, store: str, options: PackOptions | None = None,
         try:
             report = _pack_into(tmp, tree, opts, started)
         except NoSpace:
-            raise _no_space(tmp, tree) from None
+            raise _no_space(tmp, store, tree) from None
         commit(tmp, store)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -150,7 +150,7 @@ def pack(src: str, store: str, options: PackOptions | None = None,
     return report
 
 
-def _no_space(tmp: str, tree: Tree) -> PackError:
+def _no_space(tmp: str, store: str, tree: Tree) -> PackError:
     """Name the full file system and about how much more the store needs, at the ratio reached so far."""
     written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp) for f in fs)
     total = sum(tree.size[e] for e in tree.files())
@@ -158,7 +158,7 @@ def _no_space(tmp: str, tree: Tree) -> PackError:
     need = max(written * total // max(done, 1) - written, 1) if done else total
     mount, fstype = _file_system(tmp)
     st = os.statvfs(os.path.dirname(tmp))
-    return PackError(f"no space left on {mount} ({fstype}) for {os.path.dirname(tmp)}: the store needs about "
+    return PackError(f"no space left on {mount} ({fstype}) for the store {store}: it needs about "
                      f"{human_size(need)} more at the ratio so far ({human_size(written)} written for "
                      f"{human_size(done)} of {human_size(total)} of source; {human_size(st.f_bavail * st.f_frsize)} "
                      "free): free space or pack to another place")

@@ -35,14 +35,15 @@ def cmd_pack(args: argparse.Namespace) -> int:
         options.kinds.append(floats)
     report = pack(args.src, args.store, options, on_warning=lambda text: print(f"fanfs: warning: {text}",
                                                                                 file=sys.stderr))
-    ratio = report.bytes_in / report.bytes_stored if report.bytes_stored else float("nan")
     if floats is not None and floats.elf:
         print(f"fanfs: note: LOSSY store: float32/float64 values are kept with ELF, each within "
               f"{'the last mantissa bit' if floats.error is None else format(floats.error, 'g')} of its source",
               file=sys.stderr)
+    ratio = f" (ratio {report.bytes_in / report.bytes_stored:.2f})" if report.bytes_in and report.bytes_stored else ""
+    rate = f" ({human_rate(report.bytes_in / max(report.seconds, 1e-9))})" if report.bytes_in else ""
     print(f"packed {report.files:,} files, {report.dirs:,} dirs, {report.symlinks:,} symlinks: "
-          f"{human_size(report.bytes_in)} -> {human_size(report.bytes_stored)} (ratio {ratio:.2f}) "
-          f"in {report.shards:,} shards, {report.seconds:.1f} s ({human_rate(report.bytes_in / max(report.seconds, 1e-9))})")
+          f"{human_size(report.bytes_in)} -> {human_size(report.bytes_stored)}{ratio} "
+          f"in {report.shards:,} shards, {report.seconds:.1f} s{rate}")
     for kind in options.kinds:
         kept = [(path, reason) for name, path, reason in report.fallbacks if name == kind.name]
         print(f"{kind.name}: {report.records.get(kind.name, 0):,} {kind.label}, {len(kept):,} kept as plain files")

@@ -6,6 +6,7 @@ import argparse
 import os
 from collections.abc import Callable
 
+from ..errors import UsageError
 from .args import positive, precision, size
 
 Command = Callable[[argparse.Namespace], int]
@@ -20,11 +21,12 @@ and removes what the job put there.
 
 settings (environment; the options of 'job run' win):
   FANFS_LOCAL     node-local directory under which each node keeps the job's shards in a directory of its
-                  own, fanfs-JOBID-NODE (default $TMPDIR, else /tmp; /dev/shm works)
+                  own, fanfs-JOBID-NODE-xxxxxxxx (default $TMPDIR, else /tmp; /dev/shm works)
   FANFS_MNT       the mount point on each node, {node} for the node's name (default: mnt/ in that directory)
   FANFS_REPLICAS  copies of each shard across the nodes (default 2; 1 on one node)
   FANFS_FIDELITY  K, full or auto:SSIM (default full)
   FANFS_PRECISION float records' BITS or full (default full)
+  FANFS_WORKERS   serving processes of each node's mount (default: a quarter of its cores, 1 to 8)
   FANFS_MPI       srun's --mpi for the nodes' start-up (default pmi2; pmix for a PMIx MPI)
 """
 
@@ -40,8 +42,12 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     fidelity = args.fidelity or os.environ.get("FANFS_FIDELITY") or "full"
     bits = args.precision or os.environ.get("FANFS_PRECISION") or "full"
     parse_fidelity(fidelity), parse_precision(bits)  # a bad setting is one line here, not one per node
+    text = os.environ.get("FANFS_WORKERS", "").strip()
+    if text and not (text.isdigit() and int(text) > 0):
+        raise UsageError(f"FANFS_WORKERS must be a positive whole number, not {text!r}")
+    workers = args.workers or (int(text) if text else None)
     settings = JobSettings(nodes=nodes, replicas=min(replicas, nodes), fidelity=fidelity, precision=bits,
-                           cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2")
+                           cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2", workers=workers)
     for variable, value in ((LOCAL_VARIABLE, args.local), (MNT_VARIABLE, args.mountpoint)):
         if value:
             os.environ[variable] = value  # the steps inherit it
@@ -50,20 +56,15 @@ def cmd_job_run(args: argparse.Namespace) -> int:
 
 def cmd_job_serve(args: argparse.Namespace) -> int:
     from ..cluster.job import serve_node
-    from ..cluster.world import AgreedError, launched_ranks
     from ..records import FULL, Presentation
     from ..serve.daemon import MountOptions
     from ..tune.fidelity import parse_fidelity
+    from ..util.server import default_workers
     value = parse_fidelity(args.fidelity)
     auto = isinstance(value, float)  # auto:SSIM, measured once for the job
-    options = MountOptions(cache_size=args.cache_size, replicas=args.replicas, auto_ssim=value if auto else None,
+    options = MountOptions(cache_size=args.cache_size, workers=args.workers or default_workers(),
                            presentation=Presentation(fidelity=FULL if auto else value, precision=args.precision))
-    try:
-        serve_node(os.path.abspath(args.store), options)
-    except AgreedError:
-        if launched_ranks()[0] == 0:
-            raise
-        return 1  # every node failed alike: the first node's line says why, once
+    serve_node(os.path.abspath(args.store), options, replicas=args.replicas, auto_ssim=value if auto else None)
     return 0
 
 
@@ -88,9 +89,11 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--local", metavar="DIR", help="node-local directory for the job's shards ($FANFS_LOCAL)")
     p.add_argument("--mountpoint", metavar="PATH", help="mount point on each node, {node} for its name ($FANFS_MNT)")
     p.add_argument("--cache-size", type=size, default="1G", help="each mount's cache for decoded blobs (default 1G)")
+    p.add_argument("--workers", type=positive, metavar="N", help="serving processes of each node's mount "
+                   "($FANFS_WORKERS; default: a quarter of the node's cores, 1 to 8)")
     p.add_argument("store", help="the store, on a file system every node sees")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command; '$FANFS_MNT' in it "
-                   "(quoted at submission) becomes the node's mount point")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command; '$FANFS_MNT' and "
+                   "'${FANFS_MNT}' in it (quoted at submission) become the node's mount point ($FANFS_MNT_X stays)")
 
     p = steps.add_parser("serve", help="one node's part: stage, mount, serve peers, clean up (one task per node)")
     p.set_defaults(func=cmd_job_serve)
@@ -99,6 +102,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--fidelity", default="full", metavar="K|full|auto:SSIM")
     p.add_argument("--precision", type=precision, default="full", metavar="BITS|full")
     p.add_argument("--cache-size", type=size, default="1G")
+    p.add_argument("--workers", type=positive, default=None)
 
     p = steps.add_parser("exec", help="one task of the training command, given its node's mount in $FANFS_MNT")
     p.set_defaults(func=cmd_job_exec)

@@ -100,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except (FanfsError, ValueError, OSError) as err:
-        print(f"fanfs: error: {one_line(err)}", file=sys.stderr)
+        if not getattr(err, "said_elsewhere", False):
+            print(f"fanfs: error: {one_line(err)}", file=sys.stderr)
         return 1
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)  # the command is over: no deferred Ctrl-C after it

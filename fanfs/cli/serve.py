@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 
 from ..errors import UsageError
+from ..util.server import default_workers
 from ..util.units import human_size
 from .args import count, positive, positive_size, precision, print_json, size
 
@@ -39,13 +40,15 @@ def cmd_mount(args: argparse.Namespace) -> int:
     auto = value if isinstance(value, float) and args.local_dir else None  # a job resolves auto once
     fidelity = FULL if auto is not None else _resolve_fidelity(args.store, args.fidelity)
     presentation = Presentation(fidelity=fidelity, precision=args.precision)
-    options = MountOptions(cache_size=args.cache_size, presentation=presentation, auto_ssim=auto,
-                           foreground=args.foreground, allow_other="allow_other" in args.o, debug=args.debug,
-                           local_dir=os.path.abspath(expand(args.local_dir)) if args.local_dir else None,
-                           replicas=args.replicas, stage=args.stage, peer_timeout=args.peer_timeout)
-    if options.local_dir is not None:
+    options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,
+                           allow_other="allow_other" in args.o, debug=args.debug,
+                           workers=args.workers or default_workers())
+    if args.local_dir is not None:
         from ..cluster.node import mount_node
-        pid = mount_node(os.path.abspath(args.store), os.path.abspath(args.mountpoint), options)
+        from ..cluster.serving import NodeOptions
+        node = NodeOptions(options, os.path.abspath(expand(args.local_dir)), replicas=args.replicas, stage=args.stage,
+                           auto_ssim=auto, peer_timeout=args.peer_timeout)
+        pid = mount_node(os.path.abspath(args.store), os.path.abspath(args.mountpoint), node)
     else:
         from ..serve.daemon import mount
         pid = mount(args.store, args.mountpoint, options)
@@ -58,7 +61,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 def cmd_stage(args: argparse.Namespace) -> int:
     from ..cluster.node import job_fidelity
     from ..cluster.stage import stage
-    from ..cluster.world import World, expand, load_index
+    from ..cluster.world import AgreedError, World, expand, load_index
     from ..records import Presentation, check_presentation
     from ..tune.fidelity import parse_fidelity
     value = parse_fidelity(args.fidelity)
@@ -70,8 +73,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
         presentation = check_presentation(index, Presentation(fidelity=k, precision=args.precision))
         report = stage(store, os.path.abspath(expand(args.local_dir)), args.replicas, world, index,
                        presentation=presentation, progress=not args.quiet)
-    finally:
-        world.finalize()
+    except AgreedError:
+        world.finalize()  # every rank raised it at the same agreement, alive (after another error one may not be)
+        raise
+    world.finalize()
     if report is not None:
         if args.json:
             import dataclasses
@@ -146,7 +151,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     hits, misses = stats["cache_hits"], stats["cache_misses"]
     shown = ", ".join(f"{name} {'full' if stats[name] == FULL else stats[name]}" for name in Presentation._fields)
     print(f"mount      {args.mountpoint} -> {stats['store']}  ({shown})")
-    print(f"reads      {stats['reads']:,}   errors {stats['errors']:,}")
+    print(f"reads      {stats['reads']:,}   errors {stats['errors']:,}"
+          + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
+             if stats["workers"] > 1 else ""))
     print(f"presented  {human_size(stats['bytes_presented'])}   read from storage {human_size(stats['bytes_stored_read'])}")
     print(f"cache      {hits:,} hits / {misses:,} misses ({100 * hits / max(1, hits + misses):.0f}% hits)")
     print(f"decode     {stats['decode_seconds']:.3f} s")
@@ -185,6 +192,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
     p.add_argument("--stage", action="store_true", help="stage this node's shards into --local-dir first, only the "
                    "layers read at --fidelity/--precision (higher ones are then read from the shared store)")
+    p.add_argument("--workers", type=positive, default=None, metavar="N",
+                   help=f"serving processes (default: a quarter of this node's cores, 1 to 8: {default_workers()} "
+                        "here); 1 serves from one loop in the daemon itself")
     p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for a peer before asking the next holder (default 5)")
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import IO, TextIO
 
 from ..errors import FanfsError, UsageError
-from ..serve.daemon import READY_LINE
+from .serving import READY_LINE
 
 READY_MARK = READY_LINE.split("{")[0]  # "fanfs: ready: "
 _TASK_EXIT = re.compile(r"srun: error: \S+: tasks? [0-9,-]+: Exited with exit code \d+$")
@@ -48,13 +48,14 @@ class JobSettings:
     precision: str = "full"
     cache_size: int = 1 << 30
     mpi: str = "pmi2"  # srun's PMI for the serve step's MPI start-up
+    workers: int | None = None  # serving processes of each node's mount (None: the node's default)
 
     def serve_command(self, fanfs: Sequence[str], store: str) -> list[str]:
         return ["srun", f"--nodes={self.nodes}", f"--ntasks={self.nodes}", "--ntasks-per-node=1", "--overlap",
                 f"--mpi={self.mpi}", "--kill-on-bad-exit=0",
                 *fanfs, "job", "serve", store, "--replicas", str(self.replicas), "--fidelity", self.fidelity,
                 "--precision", self.precision,
-                "--cache-size", str(self.cache_size)]
+                "--cache-size", str(self.cache_size), *(["--workers", str(self.workers)] if self.workers else [])]
 
 
 class _Relay:

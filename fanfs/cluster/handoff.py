@@ -18,7 +18,7 @@ import pickle
 import signal
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..util.sockets import recv_exactly
@@ -43,6 +43,15 @@ def recv(sock: socket.socket) -> Any:
         return None
 
 
+def _close_all_but(keep: set[int]) -> None:
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:  # the directory listing's own descriptor
+                pass
+
+
 class Handoff:
     """The rank's side: the forked daemon's pid and the socket to it."""
 
@@ -51,11 +60,14 @@ class Handoff:
         self.sock = sock
 
     @classmethod
-    def spawn(cls, daemon_main: Callable[[socket.socket], int], end_with_rank: bool = False) -> "Handoff":
+    def spawn(cls, daemon_main: Callable[[socket.socket], int], end_with_rank: bool = False,
+              keep: Sequence[int] = ()) -> "Handoff":
         """Fork the daemon (call this before MPI is initialised); it runs ``daemon_main(sock)`` and exits.
 
         ``end_with_rank``: the daemon gets SIGTERM (and unmounts) if the rank dies, e.g. SIGKILLed, rather
-        than serving on (a Slurm job's serve step: the step is the mount's lifetime).
+        than serving on (a Slurm job's serve step: the step is the mount's lifetime).  The daemon keeps its
+        stdio, the socket to the rank and the descriptors in ``keep``; the launcher's (its listening
+        socket, its PMI and stdio pipes) are closed, so the launcher's end is not held up by a daemon.
         """
         ours, theirs = socket.socketpair()
         rank = os.getpid()
@@ -64,6 +76,7 @@ class Handoff:
             ours.close()
             code = 1
             try:
+                _close_all_but({0, 1, 2, theirs.fileno(), *keep})
                 os.setsid()  # out of the launcher's process group
                 if end_with_rank:
                     die_with_parent(signal.SIGTERM, rank)

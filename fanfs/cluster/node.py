@@ -8,8 +8,10 @@ rank 0 reads the index and broadcasts it, ``auto:SSIM`` is measured once, the bl
 asked, every daemon's peer address and public key are gathered (:mod:`.peerwire`).  The daemons then
 serve each other over TCP, independent processes: one node's death (kill -9, OOM) or stop takes
 nothing else down, and the launcher, told not to clean up (``mpiexec -disable-auto-cleanup``;
-``srun``'s default), lets the survivors serve on.  MPI is never finalised (with a dead peer that could
-block; a rank exiting without it is clean).
+``srun``'s default), lets the survivors serve on.  MPI is finalised right after the job's last collective
+call (the peer addresses), or after an error every rank agreed on: there every rank is alive and calls
+it, so nothing of MPI (its shared-memory segments in /dev/shm) outlives the start.  After any other
+failure a rank may be dead and finalising could block: the rank then exits without it.
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ import numpy as np
 from ..errors import FanfsError, StoreError
 from ..records import FULL, Presentation, blobs_read, check_presentation
 from ..serve.control import MountLock
-from ..serve.daemon import MountOptions, check_mountpoint, setup_logging, start
+from ..serve.daemon import Hooks, MountOptions, check_mountpoint, detach, mounted, opened_paths, setup_logging, start
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
 from ..tune.fidelity import auto_fidelity
+from ..util.runtime import private_dir
 from .handoff import Handoff
 from .placement import Placement, place
-from .serving import Plan, daemon_main
-from .stage import held_parts, stage, staged_presentation, staged_share, staged_stats
-from .world import World, launched_ranks, load_index
+from .serving import NodeOptions, Plan, daemon_main
+from .stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
+from .world import AgreedError, World, launched_ranks, load_index
 
 log = logging.getLogger("fanfs")
 
@@ -51,6 +54,13 @@ def missing_shards(directory: str, placement: Placement, rank: int, index: Index
     return missing
 
 
+def check_node_paths(store_root: str, mountpoint: str, local_dir: str) -> None:
+    """A node's mount point, and its local directory if it exists (staging makes it), are safe to use."""
+    check_mountpoint(mountpoint, opened_paths(store_root, local_dir))
+    if os.path.lexists(local_dir):
+        private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
+
+
 def job_fidelity(world: World, store_root: str, index: Index, min_ssim: float) -> int:
     """``auto:SSIM`` for the whole job: rank 0 measures the curve (in-process, reading the shared
     store), every rank gets the same K; no other rank reads the index or the shards for it."""
@@ -65,18 +75,17 @@ def job_fidelity(world: World, store_root: str, index: Index, min_ssim: float) -
     return int(world.bcast(k))
 
 
-def mount_node(store_root: str, mountpoint: str, options: MountOptions,
+def mount_node(store_root: str, mountpoint: str, options: NodeOptions,
                prepare: Callable[[], None] | None = None) -> int:
     """Mount this node's view of the store (collective under a launcher); returns the serving pid.
 
     ``prepare`` runs first, on this node (e.g. making its directories): under a launcher its failure is
     agreed on like any other, so no node waits for one that will never join.
     """
-    assert options.local_dir is not None
-    if launched_ranks()[1] > 1 and not options.foreground:
+    if launched_ranks()[1] > 1 and not options.mount.foreground:
         raise StoreError("under mpiexec/srun, mount with --foreground (the launcher must see the node's daemon)")
-    if options.foreground:
-        setup_logging(options.debug, options.job_node)
+    if options.mount.foreground:
+        setup_logging(options.mount.debug, options.job_node)
     if launched_ranks()[1] > 1 or options.job_node is not None:  # a Slurm job's node, even alone: its signals
         return _mount_in_job(store_root, mountpoint, options, prepare)  # reach this task, which passes them on
     if prepare is not None:
@@ -85,17 +94,16 @@ def mount_node(store_root: str, mountpoint: str, options: MountOptions,
     try:
         return _mount_alone(store_root, mountpoint, options, lock)
     finally:
-        lock.release()
+        lock.remove()  # unless the daemon took it over: the mount was refused before
 
 
-def _mount_alone(store_root: str, mountpoint: str, options: MountOptions, lock: MountLock) -> int:
-    assert options.local_dir is not None
-    check_mountpoint(mountpoint)
+def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: MountLock) -> int:
+    check_node_paths(store_root, mountpoint, options.local_dir)
     world = World.detect()
     index = load_index(store_root, world)
     if options.auto_ssim is not None:
         options = _with_fidelity(options, job_fidelity(world, store_root, index, options.auto_ssim))
-    check_presentation(index, options.presentation)
+    check_presentation(index, options.mount.presentation)
     staged = _stage_if_asked(store_root, options, world, index)
     placement = place(index.blob_stored, 1, 1)
     share = staged_share(store_root, options.local_dir, index, staged, placement.held(0))
@@ -103,23 +111,25 @@ def _mount_alone(store_root: str, mountpoint: str, options: MountOptions, lock: 
     if missing:
         raise StoreError(f"{options.local_dir}: {len(missing)} of the store's shards are missing or incomplete "
                          f"(first: {shard_name(missing[0])}): run 'fanfs stage' or mount with --stage")
-    store = Store(store_root, cache_size=options.cache_size, sources=[share.local, share.shared], check_shards=False,
+    store = Store(store_root, cache_size=options.mount.cache_size, sources=[share.local, share.shared],
+                  check_shards=False,
                   index=index, is_local=lambda entry, view: view <= store.view(entry, staged))
-    return start(store, mountpoint, options, lock=lock, extra_stats=lambda: staged_stats(share, store.stats.by_source))
+    hooks = Hooks(extra_stats=lambda counters: staged_stats(share, counters["by_source"]))
+    return start(store, mountpoint, options.mount, lock=lock, hooks=hooks)
 
 
-def _stage_if_asked(store_root: str, options: MountOptions, world: World, index: Index) -> Presentation:
+def _stage_if_asked(store_root: str, options: NodeOptions, world: World, index: Index) -> Presentation:
     """Stage at the mount's presentation if asked (collective); the presentation the local copies hold."""
-    assert options.local_dir is not None
     if options.stage:
-        report = stage(store_root, options.local_dir, options.replicas, world, index, presentation=options.presentation)
+        report = stage(store_root, options.local_dir, options.replicas, world, index,
+                       presentation=options.mount.presentation)
         if report is not None:
             print(report.format(), flush=True)
-        return options.presentation
+        return options.mount.presentation
     return staged_presentation(options.local_dir, index.meta["store_id"]) or Presentation()
 
 
-def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
+def _mount_in_job(store_root: str, mountpoint: str, options: NodeOptions,
                   prepare: Callable[[], None] | None) -> int:
     locks: list[MountLock] = []
 
@@ -127,25 +137,27 @@ def _mount_in_job(store_root: str, mountpoint: str, options: MountOptions,
         if prepare is not None:
             prepare()
         locks.append(MountLock(mountpoint))
-        check_mountpoint(mountpoint)
         if not os.path.isdir(store_root):
             raise StoreError(f"{store_root}: no such store directory")
+        check_node_paths(store_root, mountpoint, options.local_dir)
 
     try:
         error = _problem(check_node)
         if error is not None:  # this node will not serve: every rank learns why at the first agreement
             World.detect().agree(error)
         child = Handoff.spawn(lambda sock: daemon_main(sock, mountpoint, locks[0]),  # before MPI: see .handoff
-                              end_with_rank=options.job_node is not None)
-        return _start_job(child, store_root, options)
+                              end_with_rank=options.job_node is not None, keep=[locks[0].fd])
+        return _start_job(child, store_root, mountpoint, options)
+    except AgreedError:
+        World.detect().finalize()  # every rank raised it at the same agreement: all alive, all end MPI
+        raise
     finally:
         for lock in locks:
-            lock.release()
+            lock.remove()  # the daemon has ended (or never started)
 
 
-def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
+def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOptions) -> int:
     """The job's collective start, then wait for this node's daemon until the job ends; its pid."""
-    assert options.local_dir is not None
     kind, value = child.recv() or ("error", "the serving daemon did not start")
     try:
         world = World.detect()
@@ -153,7 +165,7 @@ def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
         index = load_index(store_root, world)
         if options.auto_ssim is not None:
             options = _with_fidelity(options, job_fidelity(world, store_root, index, options.auto_ssim))
-        world.agree(_problem(lambda: check_presentation(index, options.presentation)))
+        world.agree(_problem(lambda: check_presentation(index, options.mount.presentation)))
         staged = _stage_if_asked(store_root, options, world, index)
         placement = place(index.blob_stored, world.size, options.replicas)
         missing = missing_shards(options.local_dir, placement, world.rank, index, blobs_read(index, staged))
@@ -162,6 +174,7 @@ def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
                         "to replicas", options.local_dir, len(missing), shard_name(missing[0]))
         address, public = value
         gathered = world.allgather((tuple(address), public))  # the job's last MPI call: from here on, sockets
+        world.finalize()  # every rank is here and alive: MPI leaves nothing behind (/dev/shm segments)
         endpoints, publics = [a for a, _ in gathered], [p for _, p in gathered]
         child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, publics, options, staged))
     except BaseException:
@@ -172,14 +185,17 @@ def _start_job(child: Handoff, store_root: str, options: MountOptions) -> int:
         child.wait()
         raise
     code = child.wait()
+    if code and mounted(mountpoint):  # killed (-9, OOM) while serving: a dead mount answers ENOTCONN to all
+        detach(mountpoint)
     if code:
         raise FanfsError(f"this node's daemon (pid {child.pid}) ended with "
                          + (f"signal {-code}" if code < 0 else f"status {code}"))
     return child.pid
 
 
-def _with_fidelity(options: MountOptions, k: int) -> MountOptions:
-    return dataclasses.replace(options, presentation=options.presentation._replace(fidelity=k))
+def _with_fidelity(options: NodeOptions, k: int) -> NodeOptions:
+    presentation = options.mount.presentation._replace(fidelity=k)
+    return dataclasses.replace(options, mount=dataclasses.replace(options.mount, presentation=presentation))
 
 
 def _problem(check: Callable[[], object]) -> str | None:

@@ -172,10 +172,10 @@ class PeerClient:
         except OSError:
             pass
 
-    def stats(self) -> dict[str, float | int]:
-        mean = self.latency_total / self.requests if self.requests else 0.0
+    def counters(self) -> dict[str, float | int]:
+        """This process's requests to peers, as counters that add up over a mount's serving processes."""
         return {"remote_requests": self.requests, "remote_bytes_received": self.bytes, "remote_timeouts": self.timeouts,
-                "remote_failures": self.failures, "remote_latency_mean_ms": round(mean * 1e3, 3),
+                "remote_failures": self.failures, "remote_latency_total_ms": self.latency_total * 1e3,
                 "remote_latency_max_ms": round(self.latency_max * 1e3, 3)}
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import FanfsError
 from ..serve.control import MountLock
 from ..records import Presentation
-from ..serve.daemon import MountOptions, start
+from ..serve.daemon import Hooks, MountOptions, start
 from ..store import Store
 from ..store.format import INDEX_NAME
 from ..store.index import Index
@@ -36,6 +36,22 @@ log = logging.getLogger("fanfs")
 
 
 @dataclass
+class NodeOptions:
+    """A cluster node's mount: the mount itself, and where and how this node holds its share of the store."""
+
+    mount: MountOptions
+    local_dir: str
+    replicas: int = 1
+    stage: bool = False  # stage the node's share into local_dir first
+    auto_ssim: float | None = None  # fidelity auto:SSIM, measured once for the job (rank 0)
+    peer_timeout: float = 5.0
+    job_node: str | None = None  # a Slurm job's node name (fanfs.cluster.job): the daemon ends with its task
+
+
+READY_LINE = "fanfs: ready: {node} serves {mountpoint}"  # what 'fanfs job run' waits for, one per node
+
+
+@dataclass
 class Plan:
     """What the rank hands its daemon once the job's collective start is done."""
 
@@ -45,7 +61,7 @@ class Plan:
     nodes: int
     endpoints: list[tuple[str, int]]
     publics: list[bytes]  # every daemon's public key, by rank (peerwire)
-    options: MountOptions
+    options: NodeOptions
     staged: Presentation  # what every node staged: other layers come from the shared store
 
 
@@ -110,8 +126,7 @@ def daemon_main(sock: socket.socket, mountpoint: str, lock: MountLock) -> int:
 def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey, lock: MountLock) -> None:
     """Serve this node's mount, and its blobs to peers, until the job ends."""
     options = plan.options
-    assert options.local_dir is not None
-    index = Index(f"{plan.store_root}/{INDEX_NAME}", data=plan.index)
+    index = Index(f"{plan.store_root}/{INDEX_NAME}", data=plan.index, validated=True)  # by this node's rank
     placement = place(index.blob_stored, plan.nodes, options.replicas)
     store_id = bytes.fromhex(index.meta["store_id"])
     rank = plan.rank
@@ -127,22 +142,33 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
         return placement.holds_range(rank, int(first[entry]), int(count[entry])) \
             and view <= store.view(entry, plan.staged)
 
-    store = Store(plan.store_root, cache_size=options.cache_size, sources=[share.local, *remotes, share.shared],
-                  check_shards=False, index=index, is_local=is_local)
+    store = Store(plan.store_root, cache_size=options.mount.cache_size,
+                  sources=[share.local, *remotes, share.shared], check_shards=False, index=index, is_local=is_local)
 
-    def stats() -> dict[str, Any]:
-        by_source = store.stats.by_source
+    def ready() -> None:
+        stopper.serving()
+        if options.job_node is not None:  # what 'fanfs job run' waits for, one line per node
+            try:
+                print(READY_LINE.format(node=options.job_node, mountpoint=mountpoint), flush=True)
+            except OSError:  # nobody listens any more: the job is ending anyway
+                pass
+
+    def stats(counters: dict[str, Any]) -> dict[str, Any]:
+        by_source = counters["by_source"]
+        requests = counters["remote_requests"]
         return {**staged_stats(share, by_source),
                 "cluster": {"rank": rank, "nodes": placement.nodes, "replicas": placement.replicas,
                             "peer_address": list(server.address),
                             "local_blobs": int(placement.node_blobs[rank]),
                             "local_bytes": by_source.get(share.local.name, 0),
                             "remote_bytes": sum(by_source.get(r.name, 0) for r in remotes),
-                            **client.stats(), **server.stats()}}
+                            **{k: v for k, v in counters.items() if k.startswith("remote_")},
+                            "remote_latency_mean_ms": round(counters["remote_latency_total_ms"] / max(1, requests), 3),
+                            **server.stats()}}
 
-    server.start()
+    hooks = Hooks(on_ready=ready, serving=server.start, counters=client.counters, extra_stats=stats)
     try:
-        start(store, mountpoint, options, lock=lock, on_ready=stopper.serving, extra_stats=stats)
+        start(store, mountpoint, options.mount, lock=lock, hooks=hooks)
     finally:
         stopper.ended()
         client.say_bye()

@@ -32,6 +32,7 @@ from ..store.sources import HeldShards
 from ..util.checksum import checksum
 from ..util.files import open_regular
 from ..util.progress import Progress
+from ..util.runtime import private_dir
 from ..util.units import human_rate, human_size
 from .placement import Placement, place
 from .world import World
@@ -262,8 +263,10 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
         if need > free:
             error = (f"{local_dir} has {human_size(free)} free but this node needs {human_size(need)} for its "
                      f"share of the store ({placement.replicas} replicas): use more nodes, fewer replicas or a bigger disk")
-    except (OSError, FanfsError) as err:
-        error = f"{local_dir}: {getattr(err, 'strerror', None) or err}"
+    except FanfsError as err:
+        error = str(err)
+    except OSError as err:
+        error = f"{local_dir}: {err.strerror or err}"
     world.agree(error)  # before any copying: a full disk anywhere stops the whole job
 
     total = sum(world.allgather(sum(p.nbytes for p in parts)))
@@ -279,8 +282,16 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     for part in parts:
         try:
             copied = stage_part(store_root, local_dir, part, index, advance)
-        except (OSError, FanfsError) as err:
-            report.problems.append(f"shard {shard_name(part.shard)}: {getattr(err, 'strerror', None) or err}")
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):  # every later shard would fail alike: say it once
+                report.problems.append(f"{local_dir}: {err.strerror} after copying {human_size(done)} of "
+                                       f"{human_size(sum(p.nbytes for p in parts))}: free space, or use more nodes "
+                                       "or fewer replicas")
+                break
+            report.problems.append(f"shard {shard_name(part.shard)}: {err.strerror or err}")
+            continue
+        except FanfsError as err:
+            report.problems.append(f"shard {shard_name(part.shard)}: {err}")
             continue
         report.copied_bytes += copied
         report.skipped_bytes += part.nbytes - copied
@@ -363,13 +374,10 @@ def _present(local_dir: str, part: ShardPart, index: Index) -> bool:
         return False
 
 
+LOCAL_DIR_REMEDY = "use a directory of your own that only you can write (mkdir -m 700)"
+
+
 def make_local_dir(path: str) -> None:
-    """Create the node-local directory itself, never its missing parents (a typo must not build a tree)."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        if not os.path.isdir(path):
-            raise OSError(errno.ENOTDIR, f"{path} exists and is not a directory") from None
-    except FileNotFoundError:
-        raise OSError(errno.ENOENT, f"{os.path.dirname(path)} does not exist: create it, or pick another "
-                      "local directory") from None
+    """Create the node-local directory itself, never its missing parents (a typo must not build a tree),
+    and use it only if nobody else can write it (they could replace the staged shards)."""
+    private_dir(path, "local directory", LOCAL_DIR_REMEDY)

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import StoreError
 from ..store.format import INDEX_NAME
 from ..store.index import Index
+from ..store.trust import file_identity
 
 log = logging.getLogger("fanfs")
 
@@ -122,9 +123,9 @@ class World:
         """Collective: raise the same StoreError on every rank if any rank failed, so none waits forever."""
         failed = [(rank, e) for rank, e in enumerate(self.allgather(error)) if e]
         if failed:
-            if self.size == 1:
-                raise AgreedError(failed[0][1])
-            raise AgreedError("; ".join(f"rank {rank}: {e}" for rank, e in failed))
+            agreed = AgreedError(failed[0][1] if self.size == 1 else "; ".join(f"rank {rank}: {e}" for rank, e in failed))
+            agreed.said_elsewhere = self.rank != 0  # rank 0 prints it for the job
+            raise agreed
 
     def finalize(self) -> None:
         """End MPI for this process (collective: only where every rank is alive and calls it too)."""
@@ -135,17 +136,24 @@ class World:
 
 
 def load_index(store_root: str, world: World) -> Index:
-    """The store's index, read from the shared file system once per job (rank 0) and broadcast."""
+    """The store's index, read from the shared file system and validated once per job (rank 0) and broadcast:
+    the other ranks check its checksum and trust rank 0's validation (the job's start-up is its root of trust)."""
     path = os.path.join(store_root, INDEX_NAME)
-    data, error = None, None
+    data, error, index = None, None, None
     if world.rank == 0:
         try:
             with open(path, "rb") as f:
+                before = file_identity(f.fileno())
                 data = bytearray(os.fstat(f.fileno()).st_size)
                 f.readinto(data)  # straight into the buffer that is broadcast
+                unchanged = file_identity(f.fileno()) == before
+            index = Index(path, data=data, file_id=before if unchanged else None)
         except OSError as err:
             error = f"{store_root}: cannot read the index: {err.strerror or err}"
+        except StoreError as err:
+            error = str(err)
     world.agree(error)
-    index = Index(path, data=world.bcast_bytes(data))
+    data = world.bcast_bytes(data)
+    index = index or Index(path, data=data, validated=True)
     log.debug("index of %s: %d entries", store_root, index.entries)
     return index

@@ -45,22 +45,46 @@ class ControlError(FanfsError, OSError):
 
 
 class MountLock:
-    """The lock a mount point's daemon holds while it serves (``flock`` on a file in the runtime dir)."""
+    """The lock a mount point's daemon holds while it serves (``flock`` on a file in the runtime dir).
+
+    The file is removed when the mount ends (:meth:`remove`), by a process still holding the lock and
+    only if the path still names the file it locked; a new mount that opened the file before that
+    finds, once it holds the lock, that the path names another file or none, and starts again.
+    """
 
     def __init__(self, mountpoint: str) -> None:
         self.path = _stem(mountpoint) + ".lock"
-        self.fd = create_private(self.path, append=True)
+        while True:
+            self.fd = create_private(self.path, append=True)
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(self.fd)
+                raise FanfsError(f"{mountpoint} is being mounted or served by another fanfs daemon: "
+                                 f"'fanfs umount {mountpoint}' first") from None
+            if self._named_by_path():
+                return
+            os.close(self.fd)  # removed by a mount that ended meanwhile: lock the file there now
+
+    def _named_by_path(self) -> bool:
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            raise FanfsError(f"{mountpoint} is being mounted or served by another fanfs daemon: "
-                             f"'fanfs umount {mountpoint}' first") from None
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(self.fd)
+        return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
     def release(self) -> None:
+        """Close this process's copy (a daemon forked with it holds the lock on)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def remove(self) -> None:
+        """The mount has ended (no process of it serves any more): remove the lock file, then release it."""
+        if self.fd >= 0 and self._named_by_path():
+            os.unlink(self.path)
+        self.release()
 
 
 def _peer_uid(sock: socket.socket) -> int:
@@ -124,7 +148,9 @@ def _recv_line(sock: socket.socket) -> bytes:
 
 
 class ControlServer:
-    """Serves ``{"cmd": name, ...}`` requests with the given handlers on a daemon thread.
+    """Serves ``{"cmd": name, ...}`` requests with the given handlers on a daemon thread, once started (the
+    socket is bound at once, before the mount: afterwards resolving the mount point's path would ask the
+    very daemon that is not yet answering).
 
     A handler raises ValueError (or a FanfsError) for a request it refuses; the client gets its message.
     """
@@ -138,8 +164,10 @@ class ControlServer:
         self._sock.bind(self.path)
         os.chmod(self.path, 0o600)
         self._sock.listen(16)
-        self._thread = threading.Thread(target=self._serve, name="fanfs-control", daemon=True)
-        self._thread.start()
+
+    def start(self) -> None:
+        """Answer requests from now on (a thread: started once no more serving process is to be forked)."""
+        threading.Thread(target=self._serve, name="fanfs-control", daemon=True).start()
 
     def _serve(self) -> None:
         while True:

@@ -11,51 +11,94 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FanfsError, StoreError
 from ..records import Presentation, check_presentation
 from ..store import Store
-from ..util.runtime import create_private
+from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server
 from ..util.workers import pid_alive
 from . import control
 
 log = logging.getLogger("fanfs")
 
+Counters = dict[str, Any]
+
 
 @dataclass
 class MountOptions:
+    """What a mount is, whoever asks for it (``fanfs mount``, a cluster node, a Slurm job's node)."""
+
     cache_size: int = 1 << 30
     presentation: Presentation = field(default_factory=Presentation)
-    auto_ssim: float | None = None  # a job mount's auto:SSIM, resolved once for the job (fanfs.cluster.node)
     foreground: bool = False
     allow_other: bool = False
     debug: bool = False
-    local_dir: str | None = None  # shards staged on node-local disk (fanfs.cluster.node)
-    replicas: int = 1
-    stage: bool = False
-    peer_timeout: float = 5.0
-    # Node NAME of a Slurm job ('fanfs job'): its daemon ends with the task that started it, its log
-    # lines carry the name, and it says on stdout when it serves (fanfs.cluster.job).
-    job_node: str | None = None
+    workers: int = 1  # serving processes (fanfs.serve.workers); 1: one loop in the daemon itself
 
 
-READY_LINE = "fanfs: ready: {node} serves {mountpoint}"  # what 'fanfs job run' waits for, one per node
+@dataclass
+class Hooks:
+    """What the caller of a mount adds to it (a cluster node: its peer server, client and their figures; a Slurm
+    job: the line that says the node serves).  Every one is optional."""
+
+    on_ready: Callable[[], None] | None = None
+    """The mount serves (INIT answered)."""
+    serving: Callable[[], None] | None = None
+    """Its serving processes are there: start the caller's threads now (forking is over)."""
+    counters: Callable[[], Counters] | None = None
+    """Counters kept in each serving process (summed over them for ``fanfs stats``)."""
+    extra_stats: Callable[[Counters], dict[str, Any]] | None = None
+    """What to add to the "stats" answer, given the summed counters."""
 
 
-def check_mountpoint(mountpoint: str) -> None:
+def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
+    """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon
+    will open (``opened``: what it is -> path): through its own mount, the daemon would wait on itself."""
     if not os.path.isdir(mountpoint):
         raise StoreError(f"mount point {mountpoint} is not a directory: create it first")
     if os.path.ismount(mountpoint):
         raise StoreError(f"{mountpoint} is already a mount point: 'fanfs umount {mountpoint}' first")
+    st = os.stat(mountpoint)
+    for what, path in opened.items():
+        if _at_or_under(path, (st.st_dev, st.st_ino)):
+            raise StoreError(f"{what} {path} is the mount point {mountpoint} or lies under it: the daemon would "
+                             "read it through its own mount and hang; mount somewhere else")
+
+
+def _at_or_under(path: str, directory: tuple[int, int]) -> bool:
+    """Whether ``path`` (or, if it does not exist yet, where it would be made) is ``directory`` (st_dev,
+    st_ino) or lies under it: compared as inodes along the real path, so symlinks, ``..`` and bind
+    mounts do not hide it."""
+    current = os.path.realpath(path)
+    while True:
+        try:
+            st = os.stat(current)
+            if (st.st_dev, st.st_ino) == directory:
+                return True
+        except OSError:
+            pass
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
+def opened_paths(store_root: str, local_dir: str | None = None) -> dict[str, str]:
+    """What a daemon serving ``store_root`` opens while it serves: none may lie under its mount point."""
+    paths = {"the store": store_root, "the runtime directory": runtime_dir()}
+    if local_dir is not None:
+        paths["the local directory"] = local_dir
+    return paths
 
 
 def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
@@ -65,23 +108,27 @@ def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
         setup_logging(options.debug)
     lock = control.MountLock(mountpoint)
     try:
-        check_mountpoint(mountpoint)
+        check_mountpoint(mountpoint, opened_paths(store_path))
         store = Store(os.path.abspath(store_path), cache_size=options.cache_size)
         check_presentation(store.index, options.presentation)
         return start(store, mountpoint, options, lock=lock)
     finally:
-        lock.release()  # the daemon holds its own copy from the fork on
+        lock.remove()  # unless start() handed it to the daemon: the mount was refused before it
 
 
 def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control.MountLock,
-          on_ready: Callable[[], None] | None = None, extra_stats: Callable[[], dict] | None = None) -> int:
+          hooks: Hooks | None = None) -> int:
     """Serve an opened store here (foreground) or in a daemon process once it serves; returns its pid.
 
-    ``lock`` is the mount point's lock, taken by the caller before it checked the mount point.
+    ``lock`` is the mount point's lock, taken by the caller before it checked the mount point; the
+    daemon holds it while it serves and removes it when it ends.
     """
-    hooks = {"on_ready": on_ready, "extra_stats": extra_stats}
+    hooks = hooks or Hooks()
     if options.foreground:
-        run_daemon(store, mountpoint, options, ready_fd=None, **hooks)
+        try:
+            run_daemon(store, mountpoint, options, ready_fd=None, hooks=hooks)
+        finally:
+            lock.remove()
         return os.getpid()
     logfile = control.log_path(mountpoint)
     read_end, write_end = os.pipe()
@@ -94,46 +141,63 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
             os.chdir("/")
             _detach(logfile)
             warnings = setup_logging(options.debug)
-            run_daemon(store, mountpoint, options, ready_fd=write_end, **hooks)
+            run_daemon(store, mountpoint, options, ready_fd=write_end, hooks=hooks)
             if not warnings.count:
                 os.unlink(logfile)  # a clean run leaves no log behind
             code = 0
+        except FanfsError as err:  # a reason the user can act on: one line, here and in the log
+            _report(write_end, f"error: {err}")
+            log.error("%s", err)
         except BaseException as err:  # report to the waiting parent, then leave without cleanup handlers
             _report(write_end, f"error: {err}")
             log.exception("daemon failed")
         finally:
+            lock.remove()
             os._exit(code)
+    lock.release()  # the daemon holds the lock from here on, and removes it when it ends
     os.close(write_end)
     store.close()
     message = _await(read_end, timeout=120)
     if message != "ready":
-        tail = _log_tail(logfile)
+        tail = "" if message.startswith("error: ") else _log_tail(logfile)  # a daemon that died without a word
         raise StoreError(f"mount of {store.root} at {mountpoint} failed: {message.removeprefix('error: ')}"
                          + (f" ({tail})" if tail else ""))
     return pid
 
 
-def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None, *,
-               on_ready: Callable[[], None] | None = None, extra_stats: Callable[[], dict] | None = None) -> None:
-    """Serve ``store`` at ``mountpoint`` in this process until unmounted.
-
-    ``on_ready`` runs once the mount serves; ``extra_stats`` adds to the "stats" answer (a cluster node's peers).
-    """
+def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None,
+               hooks: Hooks | None = None) -> None:
+    """Serve ``store`` at ``mountpoint`` from this process (and its serving processes) until unmounted."""
     from .fusefs import FanfsFS, describe, serve
+    from .workers import merge_counters
 
     configure_server()
+    hooks = hooks or Hooks()
+    processes = None  # the serving processes, once forked (fanfs.serve.workers)
 
     def ready() -> None:
         log.info("serving %s at %s (pid %d, %s)", store.root, mountpoint, os.getpid(), describe(fs.presentation))
         if ready_fd is not None:
             _report(ready_fd, "ready")
-        if options.job_node is not None:
-            try:
-                print(READY_LINE.format(node=options.job_node, mountpoint=mountpoint), flush=True)
-            except OSError:  # nobody listens any more: the job is ending anyway
-                pass
-        if on_ready is not None:
-            on_ready()
+        if hooks.on_ready is not None:
+            hooks.on_ready()
+
+    def serving(forked: Any) -> None:
+        nonlocal processes
+        processes = forked
+        server.start()
+        if hooks.serving is not None:
+            hooks.serving()
+
+    def counters() -> Counters:
+        return {**store.stats.as_dict(), **(hooks.counters() if hooks.counters else {})}
+
+    def stats(message: dict[str, Any]) -> dict[str, Any]:
+        parts = processes.counters() if processes is not None else [counters()]
+        summed = merge_counters(parts)
+        return {"store": store.root, **fs.presentation._asdict(), "workers": options.workers,
+                "reads_by_process": [part["reads"] for part in parts], **summed,
+                **(hooks.extra_stats(summed) if hooks.extra_stats else {})}
 
     def present(message: dict[str, Any]) -> dict[str, Any]:
         settings = {k: v for k, v in message.items() if k != "cmd"}
@@ -146,13 +210,13 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
     server = control.ControlServer(mountpoint, {
         "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
-                             **fs.presentation._asdict()},
-        "stats": lambda m: {"store": store.root, **fs.presentation._asdict(), **store.stats.as_dict(),
-                            **(extra_stats() if extra_stats else {})},
+                             "workers": options.workers, **fs.presentation._asdict()},
+        "stats": stats,
         "present": present,
     })
     try:
-        ended_by = serve(store, mountpoint, fs, allow_other=options.allow_other, debug=options.debug)
+        ended_by = serve(store, mountpoint, fs, allow_other=options.allow_other, debug=options.debug,
+                         workers=options.workers, serving=serving, counters=counters)
         if ended_by > 0:
             log.info("stopped by signal %d (%s)", ended_by, signal.Signals(ended_by).name)
     finally:
@@ -237,13 +301,29 @@ def _log_tail(logfile: str) -> str:
     return f"log {logfile}: " + " | ".join(lines) if lines else ""
 
 
+def mounted(path: str) -> bool:
+    """Whether something is mounted at ``path``, read from /proc/self/mountinfo: also a FUSE mount whose
+    daemon was killed, which answers ENOTCONN to the lstat that os.path.ismount relies on."""
+    target = os.fsencode(os.path.realpath(path))
+    unescape = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline, backslash as \ooo
+    with open("/proc/self/mountinfo", "rb") as f:
+        return any(unescape.sub(lambda m: bytes([int(m.group(1), 8)]), line.split(b" ")[4]) == target for line in f)
+
+
+def detach(mountpoint: str) -> None:
+    """Lazily unmount ``mountpoint`` (its daemon then ends, or has ended already); failures are ignored."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    command = [tool, "-u", "-z", mountpoint] if tool else ["umount", "-l", mountpoint]
+    subprocess.run(command, capture_output=True)
+
+
 def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     """Unmount and wait until the daemon has gone; False if nothing was mounted there (ended already:
     a job's mounts all end with its first unmount, so a cleanup on every node must not fail)."""
     mountpoint = os.path.abspath(mountpoint)
     if not os.path.isdir(mountpoint):
         raise StoreError(f"{mountpoint}: no such directory")
-    if not os.path.ismount(mountpoint):
+    if not mounted(mountpoint):
         return False
     try:
         pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
@@ -253,7 +333,7 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     cmd = [tool, "-u", *(["-z"] if lazy else []), mountpoint] if tool else ["umount", mountpoint]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        if not os.path.ismount(mountpoint):
+        if not mounted(mountpoint):
             return False  # it ended meanwhile
         reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cmd[0]} failed"
         if "busy" in reason.lower():

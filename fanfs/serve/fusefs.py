@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import queue
 import threading
@@ -33,6 +34,7 @@ from ..records import FULL, Presentation, check_presentation, kinds
 from ..store import Store
 from ..store.format import DIR, FILE
 from . import lowlevel as ll
+from .workers import ServingProcesses
 
 log = logging.getLogger("fanfs")
 
@@ -56,24 +58,53 @@ class Deferred:
             thread.start()
 
     def submit(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
-        self._jobs.put((req, entry, view, size, offset))
+        self._jobs.put((req, self._read, entry, view, size, offset))
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            req, entry, view, size, offset = job
-            try:
-                data = self.store.read(entry, offset, size, view)
-            except OSError as err:
-                ll.reply_err(req, err.errno or errno.EIO)
-            except Exception:
-                log.exception("read failed")
-                ll.reply_err(req, errno.EIO)
-            else:
-                ll.reply_buf(req, data, len(data))
+            ll.answer(*job)
+
+    def _read(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
+        data = self.store.read(entry, offset, size, view)
+        ll.reply_buf(req, data, len(data))
 
     def close(self) -> None:
+        """Let every worker finish the read it holds (a peer's answer or its timeout) before the session
+        that its reply goes through is destroyed."""
         for _ in self._threads:
             self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+
+
+class Shown:
+    """What every serving process of a mount agrees on, in memory they share (``MAP_SHARED``, made before they
+    are forked): the presentation, with a generation that moves at each switch, and per name the view + 1
+    that the kernel was last told in a lookup (0: never looked up, or invalidated since).  A switch is
+    made by one process; the others see the new generation at their next lookup."""
+
+    def __init__(self, entries: int, presentation: Presentation) -> None:
+        self._kind = type(presentation)
+        fields = len(presentation)
+        self._memory = mmap.mmap(-1, 8 * (1 + fields) + 2 * entries)
+        self._settings = memoryview(self._memory)[:8 * (1 + fields)].cast("q")  # generation, then the values
+        self.named = np.frombuffer(self._memory, np.uint16, entries, offset=8 * (1 + fields))
+        self._seen, self._current = -1, presentation
+        self.set(presentation)
+
+    def current(self) -> Presentation:
+        settings = self._settings
+        generation = settings[0]
+        if generation != self._seen:
+            self._current = self._kind(*settings[1:].tolist())
+            self._seen = generation
+        return self._current
+
+    def set(self, presentation: Presentation) -> None:
+        """The values first, then the generation: a process that sees the new generation sees the new values."""
+        for i, value in enumerate(presentation, 1):
+            self._settings[i] = value
+        self._settings[0] += 1
 
 
 class FanfsFS:
@@ -81,20 +112,23 @@ class FanfsFS:
 
     def __init__(self, store: Store, presentation: Presentation, on_ready: Callable[[], None]) -> None:
         self.store = store
-        self.presentation = check_presentation(store.index, presentation)
+        self._shown = Shown(store.index.entries, check_presentation(store.index, presentation))
         self.session: ll.Session | None = None
         self._on_ready = on_ready
         ix = store.index
         self._ix = ix
         self._type, self._mode, self._mtime, self._size = ix.type, ix.mode, ix.mtime, ix.size
+        # per-request columns as memoryviews: indexing one gives a Python int (~60 ns; a numpy scalar + int() ~250)
+        self._types, self._modes = memoryview(ix.type), memoryview(ix.mode)
+        self._mtimes, self._sizes = memoryview(ix.mtime), memoryview(ix.size)
         self._viewed = [(kind, np.flatnonzero((ix.record == kind_id) & (ix.type == FILE)))
                         for kind_id, kind in kinds().items() if kind.setting]
         self._layered = np.zeros(ix.entries, bool)  # files whose view follows the presentation
         for _, entries in self._viewed:
             self._layered[entries] = True
         self._entries = ix.entries
-        # view + 1 that the kernel was last told for a record's name (0: never looked up or invalidated)
-        self._named = np.zeros(self._entries, np.uint16)
+        self._named = self._shown.named
+        self._is_layered, self._name_views = memoryview(self._layered), memoryview(self._named)  # per request
         self._switch_lock = threading.Lock()  # one switch at a time
         self._uid, self._gid = os.getuid(), os.getgid()
         self._entry = ll.EntryParam(attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
@@ -106,11 +140,16 @@ class FanfsFS:
         self._statfs = ll.StatVfs(f_bsize=4096, f_frsize=4096, f_blocks=-(-totals["bytes_presented"] // 4096),
                                   f_files=totals["entries"], f_namemax=255)
 
+    @property
+    def presentation(self) -> Presentation:
+        """The presentation now (set by whichever process of the mount switched it last)."""
+        return self._shown.current()
+
     # --- inodes and views ---------------------------------------------------------------------
 
     def view(self, entry: int) -> int:
         """The view bits of an entry's inode now: 0 (full) or its kind's view under the presentation."""
-        if self._layered[entry]:
+        if self._is_layered[entry]:
             view = self.store.view(entry, self.presentation)
             if view != FULL:
                 return view
@@ -119,24 +158,18 @@ class FanfsFS:
     def _decode(self, ino: int) -> tuple[int, int]:
         entry = (ino & ENTRY_MASK) - 1
         view = ino >> VIEW_SHIFT
-        if not 0 <= entry < self._entries or (view and not self._layered[entry]) or view >= FULL:
+        if not 0 <= entry < self._entries or (view and not self._is_layered[entry]) or view >= FULL:
             raise OSError(errno.ESTALE, "unknown inode")
         return entry, view
 
-    def _fill(self, st: ll.Stat, entry: int, view: int) -> None:
-        """Attributes of ``entry`` at ``view`` into ``st`` (owner: whoever mounted; the store is read-only)."""
-        kind = int(self._type[entry])
-        size = self.store.size_at(entry, view) if view else int(self._size[entry])
-        mtime = int(self._mtime[entry])
-        st.st_ino = view << VIEW_SHIFT | (entry + 1)
-        st.st_mode = int(self._mode[entry])
-        st.st_nlink = 2 if kind == DIR else 1
-        st.st_uid, st.st_gid = self._uid, self._gid
-        st.st_size = size
-        st.st_blocks = (size + 511) // 512
-        st.st_blksize = 1 << 17
-        st.st_mtim.tv_sec, st.st_mtim.tv_nsec = divmod(mtime, 1_000_000_000)
-        st.st_atim = st.st_ctim = st.st_mtim
+    def _fill(self, target: ll.ctypes.Structure, offset: int, entry: int, view: int) -> int:
+        """Attributes of ``entry`` at ``view`` into the ``struct stat`` at ``offset`` of ``target`` (owner: whoever
+        mounted; the store is read-only); returns the inode number."""
+        ino = view << VIEW_SHIFT | (entry + 1)
+        size = self.store.size_at(entry, view) if view else self._sizes[entry]
+        ll.pack_stat(target, offset, ino, self._modes[entry], 2 if self._types[entry] == DIR else 1, self._uid, self._gid,
+                     size, self._mtimes[entry])
+        return ino
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -152,16 +185,15 @@ class FanfsFS:
             ll.reply_entry(req, self._negative)  # cached: the store never changes
             return
         view = self.view(entry)
-        if self._layered[entry]:
-            self._named[entry] = view + 1
+        if self._is_layered[entry]:
+            self._name_views[entry] = view + 1
         param = self._entry
-        self._fill(param.attr, entry, view)
-        param.ino = param.attr.st_ino
+        ll.set_entry_ino(param, self._fill(param, ll.ATTR_OFFSET, entry, view))
         ll.reply_entry(req, param)
 
     def getattr(self, req: int, ino: int) -> None:
         entry, view = self._decode(ino)
-        self._fill(self._attr, entry, view)
+        self._fill(self._attr, 0, entry, view)
         ll.reply_attr(req, self._attr, CACHE_SECONDS)
 
     def readlink(self, req: int, ino: int) -> None:
@@ -213,7 +245,7 @@ class FanfsFS:
         """
         check_presentation(self._ix, presentation)
         with self._switch_lock:
-            self.presentation = presentation
+            self._shown.set(presentation)
             invalidated = self._invalidate_stale()
             time.sleep(SETTLE_SECONDS)  # lookups answered just before the switch are in flight: catch them too
             invalidated += self._invalidate_stale()
@@ -252,15 +284,26 @@ INVALIDATE_DELAY = float(os.environ.get("FANFS_DEBUG_INVALIDATE_DELAY", "0") or 
 """Fault injection for tests: seconds to pause between two invalidations of a switch (a slow kernel)."""
 
 
-def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False) -> int:
-    """Mount and serve until unmounted or signalled; returns 0 or the signal that ended the loop."""
+def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False,
+          workers: int = 1, serving: Callable[[ServingProcesses | None], None] = lambda processes: None,
+          counters: Callable[[], dict] = dict) -> int:
+    """Mount and serve until unmounted or signalled; returns 0 or the signal that ended the mount.
+
+    ``workers``: serving processes (:mod:`.workers`); 1 serves from this process's own loop.  ``serving(p)`` is
+    called once they are there (with their handle; None for one loop) and before any request is served,
+    to start this process's threads; ``counters()``: a serving process's own counters.
+    """
     fsname = "fanfs:" + os.path.abspath(store.root).replace("\\", "\\\\").replace(",", "\\,")
     options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs"]
     if allow_other:
         options.append("allow_other")
     session = ll.Session(fs, mountpoint, options, debug=debug)
     try:
-        return session.loop()
+        if workers <= 1:
+            serving(None)
+            return session.loop()
+        processes = ServingProcesses(session, workers, counters, on_exit=fs.close)
+        return processes.run(lambda: serving(processes))
     finally:
         fs.close()
         session.close()

@@ -123,17 +123,20 @@ def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.nda
     return size
 
 
-def read_index(path: str, data: bytes | bytearray | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray], int]:
-    """Map an index, verify its checksum and version, and return (meta, read-only columns, its size).
+def read_index(path: str, data: bytes | bytearray | None = None
+               ) -> tuple[dict[str, Any], dict[str, np.ndarray], int, int, str | None]:
+    """Map an index, verify its checksum and version, and return (meta, read-only columns, its size, its
+    checksum, the file's identity: see :mod:`.trust`; None for ``data`` or a file written to meanwhile).
 
     The checksum is computed with buffered reads rather than through the map so that verifying a
     large index does not leave it all resident in this process.  ``data``: the index file's bytes
     already in memory (broadcast to the nodes of a job): the columns are views of it, no copy.
     """
+    from .trust import file_identity
     if data is not None:
         view = memoryview(data)
-        json_len = _check_index(path, len(data), lambda length, offset: view[offset:offset + length])
-        return _parse_index(data, json_len)
+        json_len, digest = _check_index(path, len(data), lambda length, offset: view[offset:offset + length])
+        return (*_parse_index(data, json_len), digest, None)
     try:
         fd = open_regular(path)
     except FileNotFoundError:
@@ -143,18 +146,25 @@ def read_index(path: str, data: bytes | bytearray | None = None) -> tuple[dict[s
         raise StoreError(f"{path}: cannot open the index: {err.strerror}") from None
     try:
         size = os.fstat(fd).st_size
-        json_len = _check_index(path, size, lambda length, offset: os.pread(fd, length, offset))
+        before = file_identity(fd)
+        block = bytearray(1 << 20)  # one buffer for the whole pass: a fresh 8 MiB per read cost a page fault per 4 KiB
+
+        def pread(length: int, offset: int) -> memoryview:
+            return memoryview(block)[:os.preadv(fd, [memoryview(block)[:length]], offset)]
+
+        json_len, digest = _check_index(path, size, pread)
         mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        same = file_identity(fd) == before  # not written to while it was read
     finally:
         os.close(fd)
-    return _parse_index(mapped, json_len)
+    return (*_parse_index(mapped, json_len), digest, before if same else None)
 
 
-def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memoryview]) -> int:
-    """Verify an index's head and checksum through ``pread(length, offset)``; returns its JSON length."""
+def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memoryview]) -> tuple[int, int]:
+    """Verify an index's head and checksum through ``pread(length, offset)``; returns its JSON length and checksum."""
     if size < _INDEX_HEAD.size + 8:
         raise StoreError(f"{path}: index is truncated ({size} bytes)")
-    magic, version, _, json_len = _INDEX_HEAD.unpack(pread(_INDEX_HEAD.size, 0))
+    magic, version, _, json_len = _INDEX_HEAD.unpack(bytes(pread(_INDEX_HEAD.size, 0)))
     if magic != INDEX_MAGIC:
         raise StoreError(f"{path}: not a fanfs index")
     if version not in FORMATS:
@@ -164,16 +174,16 @@ def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memor
     digest = xxhash.xxh3_64()
     pos, end = 0, size - 8
     while pos < end:
-        block = pread(min(8 << 20, end - pos), pos)
+        block = pread(min(1 << 20, end - pos), pos)
         if not block:
             break
         digest.update(block)
         pos += len(block)
-    (expected,) = struct.unpack("<Q", pread(8, end))
+    (expected,) = struct.unpack("<Q", bytes(pread(8, end)))
     if pos != end or digest.intdigest() != expected:
         raise StoreError(f"{path}: index checksum mismatch: the index is corrupt or truncated; "
                          "copy the store again or repack")
-    return json_len
+    return json_len, expected
 
 
 _COLUMN_DTYPES = frozenset({"|u1", "<u2", "<u4", "<u8", "<i8"})

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import StoreError
 from .format import checksum, read_index, write_index
+from .trust import record_validated, was_validated
 from .validate import validate
 
 # Column -> dtype; every one must be present with exactly this type.
@@ -61,13 +62,18 @@ def check_schema(columns: Mapping[str, np.ndarray]) -> None:
 class Index:
     """Read-only view of an index file; attribute columns are public numpy arrays."""
 
-    def __init__(self, path: str, data: bytes | bytearray | None = None) -> None:
+    def __init__(self, path: str, data: bytes | bytearray | None = None, *, validated: bool = False,
+                 file_id: str | None = None) -> None:
         """``data``: the file's bytes already in memory (broadcast to a job's nodes) instead of reading ``path``.
 
         The whole index is validated here (:mod:`fanfs.store.validate`): an Index that exists is safe to
-        serve from, and a crafted one is refused with one line naming what is wrong.
+        serve from, and a crafted one is refused with one line naming what is wrong.  Not again for a
+        file this user validated on this node and that has not changed since (:mod:`.trust`), nor for
+        ``data`` the caller says is ``validated`` (bytes its own process or its job's rank 0 validated).
+        ``file_id``: for ``data`` read whole from the index file, that file's identity (:mod:`.trust`).
         """
-        self.meta, columns, self.nbytes = read_index(path, data)
+        self.meta, columns, self.nbytes, digest, read_from = read_index(path, data)
+        file_id = file_id or read_from
         self.data = data  # the bytes it was given (a job's rank hands them to its daemon), else None
         check_schema(columns)
         for name, column in columns.items():
@@ -81,7 +87,10 @@ class Index:
         self._hash_entry = memoryview(columns["hash_entry"]).cast("B").cast("I")
         self.dictionaries = {name[5:]: column.tobytes() for name, column in columns.items()
                              if name.startswith("dict:")}
-        validate(self)
+        if not validated and not (file_id and was_validated(file_id, digest)):
+            validate(self)
+            if file_id:
+                record_validated(file_id, digest)
 
     def path(self, entry: int) -> bytes:
         offsets = self._path_offset

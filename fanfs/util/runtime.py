@@ -1,4 +1,5 @@
-"""The per-user runtime directory: control sockets, daemon logs, cached fidelity curves.
+"""Directories only this user may write: the runtime directory (control sockets, daemon logs, cached
+fidelity curves) and, through :func:`private_dir`, node-local shard directories.
 
 ``$FANFS_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/fanfs`` (a private tmpfs per user on most
 systems), else ``fanfs-UID`` in the temporary directory.  On a shared node another user could create
@@ -20,35 +21,45 @@ from ..errors import FanfsError
 RUNTIME_VARIABLE = "FANFS_RUNTIME_DIR"
 
 
-class RuntimeDirError(FanfsError):
-    """The runtime directory is not safe to use."""
+class UnsafeDirError(FanfsError):
+    """A directory fanfs would keep its files in is not safe to use."""
+
+
+_RUNTIME_REMEDY = f"remove it or set {RUNTIME_VARIABLE} to a private directory"
 
 
 def runtime_dir() -> str:
     """The checked runtime directory (created if missing)."""
     explicit = os.environ.get(RUNTIME_VARIABLE)
     if explicit:
-        return _private(explicit)
+        return private_dir(explicit, "runtime directory", _RUNTIME_REMEDY)
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isdir(xdg):
-        _check(xdg, os.lstat(xdg))
-        return _private(os.path.join(xdg, "fanfs"))
-    return _private(os.path.join(tempfile.gettempdir(), f"fanfs-{os.getuid()}"))
+        private_dir(xdg, "runtime directory", _RUNTIME_REMEDY, create=False)
+        return private_dir(os.path.join(xdg, "fanfs"), "runtime directory", _RUNTIME_REMEDY)
+    return private_dir(os.path.join(tempfile.gettempdir(), f"fanfs-{os.getuid()}"), "runtime directory",
+                       _RUNTIME_REMEDY)
 
 
-def _private(path: str) -> str:
+def private_dir(path: str, what: str, remedy: str, *, create: bool = True) -> str:
+    """``path``, created 0700 if missing (never its parents) unless ``create`` is False, and refused with one
+    line (naming ``what`` it is for, ending with ``remedy``) unless it is a real directory, not a symlink,
+    owned by this user and writable by nobody else: where another user could plant or replace what fanfs
+    keeps there (sockets, logs, staged shards), fanfs does not keep anything."""
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            raise UnsafeDirError(f"cannot create the {what} {path}: {os.path.dirname(path)} does not exist; "
+                                 "create it, or pick another place") from None
+        except OSError as err:
+            raise UnsafeDirError(f"cannot create the {what} {path}: {err.strerror}; {remedy}") from None
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
+        st = os.lstat(path)
     except OSError as err:
-        raise RuntimeDirError(f"cannot create the runtime directory {path}: {err.strerror}; "
-                              "set FANFS_RUNTIME_DIR to a private directory") from None
-    _check(path, os.lstat(path))
-    return path
-
-
-def _check(path: str, st: os.stat_result) -> None:
+        raise UnsafeDirError(f"{what} {path}: {err.strerror}") from None
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         problem = "is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a directory"
     elif st.st_uid != os.getuid():
@@ -56,9 +67,9 @@ def _check(path: str, st: os.stat_result) -> None:
     elif st.st_mode & 0o022:
         problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
     else:
-        return
-    raise RuntimeDirError(f"runtime directory {path} {problem}: refusing to use it, since another user could "
-                          "intercept fanfs there; remove it or set FANFS_RUNTIME_DIR to a private directory")
+        return path
+    raise UnsafeDirError(f"{what} {path} {problem}: refusing to use it, since another user could "
+                         f"tamper with fanfs's files there; {remedy}")
 
 
 def create_private(path: str, *, append: bool = False) -> int:
@@ -68,5 +79,5 @@ def create_private(path: str, *, append: bool = False) -> int:
         return os.open(path, flags, 0o600)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise RuntimeDirError(f"{path} is a symbolic link: refusing to write through it") from None
+            raise UnsafeDirError(f"{path} is a symbolic link: refusing to write through it") from None
         raise

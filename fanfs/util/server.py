@@ -15,6 +15,7 @@ and moves megabyte buffers all day pays for them:
 from __future__ import annotations
 
 import ctypes
+import os
 import resource
 
 LARGE_BUFFER = 64 << 20  # allocations up to this stay in the heap (above it: mmap, as usual)
@@ -41,6 +42,12 @@ def keep_large_buffers() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, LARGE_BUFFER)) and bool(mallopt(_M_TRIM_THRESHOLD, 4 * LARGE_BUFFER))
+
+
+def default_workers() -> int:
+    """Serving processes for a mount (``--workers``): a quarter of the cores this process may run on, 1 to 8
+    (the rest is the training job's: its loader's workers decode what the mount serves)."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) // 4))
 
 
 def configure_server() -> None:

@@ -1,0 +1,201 @@
+"""Several processes serving one mount (``fanfs mount --workers N``): a node's serving grows with its cores.
+
+One Python loop serves a file in ~100 us of CPU, so it tops out near 10,000 files/s whatever the node's
+cores, and more threads in one process only queue on the GIL.  The kernel lets any process holding a
+mount's ``/dev/fuse`` descriptor read the next request and answer it, so the daemon mounts, answers INIT
+itself, then forks N serving processes that inherit the session (the descriptor and libfuse's state)
+and each run libfuse's loop.  What they need is shared for free or set up before the fork:
+
+* the store: immutable, its index mapped from the page cache, its shard descriptors (``pread`` needs
+  no file offset); decoded-blob caches are per process;
+* per name the view the kernel was told, and the presentation (:class:`.fusefs.Shown`, in shared
+  memory): a switch is made once, by the parent, and its invalidations go out once, from it;
+* counters: each process keeps its own, and answers the parent's "counters?" on a socket of its own;
+  ``fanfs stats`` gets their sum (:func:`merge_counters`).
+
+The parent serves no request: it owns the session (only it unmounts), runs the control socket and a
+cluster node's peer server, turns a stop signal into an unmount, and watches its children.  A serving
+process that dies (killed, out of memory) takes the requests it held with it, and their readers would
+wait for ever; so the parent then ends the mount at once, and loudly (it kills the other serving
+processes and unmounts: readers get an error, the log says which process died of what), rather than
+serve half a mount.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import FanfsError
+from ..util.sockets import recv_exactly
+from ..util.workers import die_with_parent
+from . import lowlevel as ll
+
+log = logging.getLogger("fanfs")
+
+Counters = dict[str, Any]
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_LENGTH = struct.Struct("<I")
+ASK_SECONDS = 5.0  # a serving process that does not give its counters within this long is left out of a sum
+
+
+class WorkerDied(FanfsError):
+    """A serving process died while the mount served: the mount was ended (its readers got an error)."""
+
+
+class ServingProcesses:
+    """The parent's side: N forked serving processes, their counters, their end."""
+
+    def __init__(self, session: ll.Session, count: int, counters: Callable[[], Counters],
+                 on_exit: Callable[[], None]) -> None:
+        """``counters``: a process's own counters (called in each serving process); ``on_exit``: what a serving
+        process does once its loop has ended (e.g. let its reader threads finish)."""
+        self.session = session
+        self.count = count
+        self._counters = counters
+        self._on_exit = on_exit
+        self._pids: list[int] = []
+        self._sockets: list[socket.socket] = []
+        self._ask_lock = threading.Lock()
+        self._exits: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopped_by = 0
+
+    def run(self, started: Callable[[], None]) -> int:
+        """Mount, answer INIT, fork the serving processes, call ``started()``, and watch them until the mount
+        ends: 0 after an unmount, the number of the stop signal that ended it (SIGTERM, SIGINT, SIGHUP: an
+        unmount), or WorkerDied."""
+        previous = {sig: signal.signal(sig, self._stop) for sig in _STOPS}
+        try:
+            self.session.mount()
+            self.session.serve_until_ready()
+            self.start()
+            started()
+            return self.supervise()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.session.unmount()
+            for sock in self._sockets:
+                sock.close()
+
+    def start(self) -> None:
+        """Fork the serving processes (the session's INIT answered; no thread of this process running yet)."""
+        parent = os.getpid()
+        for _ in range(self.count):
+            ours, theirs = socket.socketpair()
+            pid = os.fork()
+            if pid == 0:
+                ours.close()
+                for sock in self._sockets:
+                    sock.close()
+                self._serve(theirs, parent)  # never returns
+            theirs.close()
+            self._pids.append(pid)
+            self._sockets.append(ours)
+        for pid in self._pids:
+            threading.Thread(target=self._wait, args=(pid,), name="fanfs-reap", daemon=True).start()
+
+    def _serve(self, sock: socket.socket, parent: int) -> None:
+        code = 1
+        try:
+            die_with_parent(signal.SIGKILL, parent)  # a parent gone is a mount gone: no serving on alone
+            for sig in (*_STOPS, signal.SIGUSR1, signal.SIGUSR2):
+                signal.signal(sig, signal.SIG_IGN)  # stopping is the parent's: it unmounts, and the loop ends
+            threading.Thread(target=self._answer, args=(sock,), name="fanfs-counters", daemon=True).start()
+            code = 0 if self.session.loop_here() == 0 else 1
+            self._on_exit()
+        except BaseException:
+            log.exception("serving process %d failed", os.getpid())
+        finally:
+            os._exit(code)
+
+    def _answer(self, sock: socket.socket) -> None:
+        """In a serving process: give the parent this process's counters whenever it asks."""
+        try:
+            while sock.recv(1):
+                data = json.dumps(self._counters()).encode()
+                sock.sendall(_LENGTH.pack(len(data)) + data)
+        except OSError:
+            pass
+
+    def _wait(self, pid: int) -> None:
+        _, status = os.waitpid(pid, 0)
+        self._exits.put((pid, os.waitstatus_to_exitcode(status)))
+
+    def supervise(self) -> int:
+        """Until every serving process has ended: 0 after an unmount, the number of the stop signal that
+        ended the mount, or WorkerDied if a serving process died while it served."""
+        died = None
+        ended = 0
+        while ended < len(self._pids):
+            try:
+                pid, code = self._exits.get(timeout=0.5)  # a Python wait: stop signals are handled meanwhile
+            except queue.Empty:
+                continue
+            ended += 1
+            if code != 0 and died is None and not self._stopped_by:
+                died = (pid, code)
+                self._end(f"serving process {pid} " + (f"died of {signal.Signals(-code).name}" if code < 0
+                                                       else f"exited with status {code}"))
+        if died is not None:
+            raise WorkerDied(f"a serving process of {self.session.mountpoint} died (pid {died[0]}, "
+                             + (f"{signal.Signals(-died[1]).name}" if died[1] < 0 else f"status {died[1]}")
+                             + "): the mount was ended rather than leave its readers waiting")
+        return self._stopped_by
+
+    def _stop(self, signum: int, frame: object) -> None:
+        if not self._stopped_by:  # once: a second signal must not re-enter the unmount under way
+            self._stopped_by = signum
+            self.session.unmount()
+
+    def _end(self, why: str) -> None:
+        log.error("%s: ending the mount (the requests it held would never be answered)", why)
+        for pid in self._pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.session.unmount()
+
+    def counters(self) -> list[Counters]:
+        """Every serving process's counters (asked one after another; one that does not answer is left out)."""
+        out = []
+        with self._ask_lock:
+            for sock in self._sockets:
+                try:
+                    sock.settimeout(ASK_SECONDS)
+                    sock.sendall(b"?")
+                    (length,) = _LENGTH.unpack(recv_exactly(sock, _LENGTH.size))
+                    out.append(json.loads(recv_exactly(sock, length)))
+                except (OSError, ValueError):
+                    continue
+        return out
+
+
+def merge_counters(parts: list[Counters]) -> Counters:
+    """The sum of several processes' counters: numbers added (a key ending in ``_max`` or ``_max_ms`` takes
+    the largest), lists added element by element, dictionaries merged key by key."""
+    merged: Counters = {}
+    for part in parts:
+        for key, value in part.items():
+            if key not in merged:
+                merged[key] = value
+            elif isinstance(value, dict):
+                merged[key] = merge_counters([merged[key], value])
+            elif isinstance(value, list):
+                old = merged[key]
+                merged[key] = [a + b for a, b in zip(old + [0] * (len(value) - len(old)),
+                                                     value + [0] * (len(old) - len(value)))]
+            elif key.endswith(("_max", "_max_ms")):
+                merged[key] = max(merged[key], value)
+            else:
+                merged[key] = merged[key] + value
+    return merged

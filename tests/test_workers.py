@@ -1,0 +1,150 @@
+"""Issue 19: several serving processes on one mount (``--workers N``), and every promise of one loop kept.
+
+Two serving processes share a mount's requests, byte-exact; ``fanfs stats`` sums what each served; a stop
+signal to the daemon ends every process and the mount; a serving process that dies ends the mount at once
+and loudly (its readers get an error, never a hang), and a daemon killed with -9 takes its serving
+processes with it.  The switch race, the peers and the Slurm job run with workers too (test_switch_race,
+test_cluster, test_slurm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import daemon_pids, fanfs, force_unmount
+
+from fanfs.serve.control import log_path, request
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    base = tmp_path_factory.mktemp("workers")
+    src = base / "src"
+    for i in range(300):
+        path = src / f"d{i % 6}" / f"f{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(1000 + 37 * i) + bytes(i))
+    fanfs("pack", src, base / "store", "--shard-size", "256K", "--quiet")
+    return src, base / "store", sorted(str(p.relative_to(src)) for p in src.rglob("*.bin"))
+
+
+def _read(path: Path) -> bytes | str:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        return err.strerror or str(err)
+
+
+def serving_pids(mnt: Path) -> tuple[int, list[int]]:
+    """The daemon's pid and its serving processes' (its children running the same command)."""
+    parent = request(mnt, {"cmd": "status"})["pid"]
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    return parent, [int(pid) for pid in children]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def test_two_serving_processes_share_the_reads_exactly(tree, mount):
+    src, store, files = tree
+    with mount(store, "--workers", "2") as mnt:
+        parent, workers = serving_pids(mnt)
+        assert len(workers) == 2
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(_read, [mnt / f for f in files]))
+        assert got == [(src / f).read_bytes() for f in files]
+        stats = json.loads(fanfs("stats", mnt, "--json").stdout)
+        assert stats["workers"] == 2 and stats["reads"] >= len(files)
+        assert len(stats["reads_by_process"]) == 2 and sum(stats["reads_by_process"]) == stats["reads"]
+        assert all(n > 0 for n in stats["reads_by_process"]), stats["reads_by_process"]  # both served
+        assert stats["bytes_presented"] == sum((src / f).stat().st_size for f in files)
+        assert "by 2 serving processes" in fanfs("stats", mnt).stdout
+    assert not any(alive(pid) for pid in (parent, *workers))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_ends_every_serving_process_and_the_mount(tree, tmp_path, sig):
+    _, store, files = tree
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        fanfs("mount", store, mnt, "--workers", "2")
+        parent, workers = serving_pids(mnt)
+        assert (mnt / files[0]).read_bytes()
+        os.kill(parent, sig)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (os.path.ismount(mnt) or any(map(alive, (parent, *workers)))):
+            time.sleep(0.05)
+        assert not os.path.ismount(mnt)
+        assert not any(alive(pid) for pid in (parent, *workers))
+    finally:
+        force_unmount(mnt)
+
+
+def test_a_dead_serving_process_ends_the_mount_loudly_never_half_served(tree, tmp_path):
+    """kill -9 of one serving process: the requests it held would never be answered, so the daemon ends the
+    whole mount at once: readers get an error within seconds (never hang), the log and the daemon say why."""
+    _, store, files = tree
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    reader = None
+    try:
+        fanfs("mount", store, mnt, "--workers", "2")
+        parent, workers = serving_pids(mnt)
+        log = Path(log_path(mnt))
+        reader = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                                   "root = sys.argv[1]\n"
+                                   "end = time.monotonic() + 60\n"
+                                   "while time.monotonic() < end:\n"
+                                   "    for d in sorted(os.listdir(root)):\n"
+                                   "        for f in sorted(os.listdir(os.path.join(root, d))):\n"
+                                   "            open(os.path.join(root, d, f), 'rb').read()\n"
+                                   "    os.system('true')\n", str(mnt)], stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        os.kill(workers[0], signal.SIGKILL)
+        _, err = reader.communicate(timeout=30)  # an error, not a hang
+        assert reader.returncode != 0 and ("Transport endpoint" in err or "Software caused" in err
+                                           or "No such file" in err or "Input/output" in err), err
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (os.path.ismount(mnt) or any(map(alive, (parent, *workers)))):
+            time.sleep(0.05)
+        assert not os.path.ismount(mnt)
+        assert not any(alive(pid) for pid in (parent, *workers))
+        text = log.read_text()
+        assert f"serving process {workers[0]} died of SIGKILL" in text, text
+    finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+        force_unmount(mnt)
+
+
+def test_a_daemon_killed_with_minus_9_takes_its_serving_processes_along(tree, tmp_path):
+    _, store, _ = tree
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        fanfs("mount", store, mnt, "--workers", "2")
+        parent, workers = serving_pids(mnt)
+        os.kill(parent, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(map(alive, workers)):
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in workers)
+    finally:
+        force_unmount(mnt)
+        for pid in daemon_pids(mnt):
+            os.kill(pid, signal.SIGKILL)
