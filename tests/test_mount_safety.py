@@ -180,3 +180,14 @@ def test_a_mount_s_lock_file_goes_when_its_daemon_ends(stores, tmp_path):
         assert not lock_file.exists() and not os.path.ismount(mnt)
     finally:
         force_unmount(mnt)
+
+
+def test_a_runtime_dir_deeper_than_a_socket_address_works(stores, tmp_path, mount, monkeypatch):
+    """A Slurm job's runtime directory lies in $FANFS_LOCAL, at any depth: a control socket's address holds
+    at most 107 bytes, so a deeper one is reached through its directory's descriptor."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "run"
+    deep.parent.mkdir(parents=True)
+    monkeypatch.setenv("FANFS_RUNTIME_DIR", str(deep))
+    with mount(stores / "plain") as mnt:
+        assert "reads" in fanfs("stats", mnt).stdout
+        assert any(p.suffix == ".sock" and len(str(p)) > 107 for p in deep.iterdir())
