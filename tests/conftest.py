@@ -146,8 +146,16 @@ def mpi_segments() -> set[str]:
     return {path.name for path in Path("/dev/shm").glob("mpich_shm_*")}
 
 
-def mpi_segments_left(before: set[str]) -> list[str]:
-    """MPICH segments in /dev/shm that were not there ``before`` and that no process holds any more: what
-    a job left behind.  (Another user's job leaking at the same moment would count too.)"""
+def mpi_segments_left(before: set[str], hosts: int) -> list[str]:
+    """MPICH segments in /dev/shm that were not there ``before``, that no process holds any more, and that
+    a job on ``hosts`` hosts makes: MPICH names them ``mpich_shm_HASH_N``, one per host N of the job (one
+    host under mpiexec here, one per Slurm node).  Another job leaking at the same moment with as many
+    hosts would count too."""
     held = {target for pid in filter(str.isdigit, os.listdir("/proc")) for target in fd_targets(int(pid)).values()}
-    return sorted(name for name in mpi_segments() - before if f"/dev/shm/{name}" not in held)
+    groups: dict[str, set[str]] = {}
+    for name in mpi_segments() - before:
+        if f"/dev/shm/{name}" not in held:
+            job, _, host = name.rpartition("_")
+            groups.setdefault(job, set()).add(host)
+    return sorted(f"{job}_{host}" for job, found in groups.items() if found == {str(n) for n in range(hosts)}
+                  for host in found)

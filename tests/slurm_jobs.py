@@ -25,12 +25,13 @@ def submit(slurm, store: Path, out: Path, *task_args: str, env: dict[str, str] |
     segments = mpi_segments()
     job = slurm.submit(SBATCH, store, sys.executable, TASK, out, "$FANFS_MNT", *task_args,
                         sbatch_options=["-N", str(nodes), *options], env={"PATH": path, **(env or {})})
-    SEGMENTS_BEFORE[job] = segments
+    if nodes > 1:  # a job of one node never starts MPI
+        SEGMENTS_BEFORE[job] = segments, nodes
     return job
 
 
-SEGMENTS_BEFORE: dict[int, set[str]] = {}
-"""The MPI segments in /dev/shm when each job was submitted: new ones no process holds are what it left."""
+SEGMENTS_BEFORE: dict[int, tuple[set[str], int]] = {}
+"""The MPI segments in /dev/shm when each job was submitted, and its nodes: what it left is new ones."""
 
 
 def reports(out: Path) -> dict[str, dict]:
@@ -40,7 +41,7 @@ def reports(out: Path) -> dict[str, dict]:
 def leftovers(slurm, job: int) -> list[str]:
     """Anything of the job still on a node: its directories, mounts, processes and MPI segments in /dev/shm."""
     found = [str(p) for node in slurm.nodes for p in (slurm.base_dir / "tmp" / node).glob(f"fanfs-{job}-*")]
-    found += [f"/dev/shm/{name}" for name in mpi_segments_left(SEGMENTS_BEFORE[job])] if job in SEGMENTS_BEFORE else []
+    found += [f"/dev/shm/{name}" for name in mpi_segments_left(*SEGMENTS_BEFORE[job])] if job in SEGMENTS_BEFORE else []
     with open("/proc/mounts") as f:
         found += [line.strip() for line in f if f"fanfs-{job}-" in line]
     for pid in filter(str.isdigit, os.listdir("/proc")):
