@@ -55,10 +55,12 @@ def dataset(tmp_path_factory):
     return src, store, files
 
 
-def mpiexec(*args: str | os.PathLike, nodes: int = NODES, **kwargs) -> subprocess.Popen:
+def mpiexec(*args: str | os.PathLike, nodes: int = NODES, launcher: list[str] | None = None,
+            **kwargs) -> subprocess.Popen:
+    """``fanfs ARGS`` on every rank; ``launcher``: another mpiexec command line (the emulated cluster's)."""
     # -disable-auto-cleanup: one rank's death must not make Hydra kill the others (README "Many nodes")
-    return subprocess.Popen([str(MPIEXEC), "-disable-auto-cleanup", "-n", str(nodes), sys.executable, "-m", "fanfs",
-                             *map(str, args)], start_new_session=True, **kwargs)
+    prefix = launcher or [str(MPIEXEC), "-disable-auto-cleanup", "-n", str(nodes)]
+    return subprocess.Popen([*prefix, sys.executable, "-m", "fanfs", *map(str, args)], start_new_session=True, **kwargs)
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> int:
@@ -72,9 +74,11 @@ def finish(proc: subprocess.Popen, timeout: float) -> int:
         raise AssertionError(f"the MPI job did not end within {timeout} s") from None
 
 
-def stage(store: Path, base: Path, replicas: int, nodes: int = NODES) -> str:
-    with mpiexec("stage", store, base / "local{rank}", "--replicas", replicas, "--quiet", nodes=nodes,
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+def stage(store: Path | str, base: Path, replicas: int, *options: str, nodes: int = NODES,
+          launcher: list[str] | None = None, local: str = "local{rank}") -> str:
+    """``fanfs stage`` on every rank (its output); ``launcher`` and ``local`` as for :class:`Job`."""
+    with mpiexec("stage", store, base / local, "--replicas", replicas, "--quiet", *options, nodes=nodes,
+                 launcher=launcher, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         try:
             out, err = proc.communicate(timeout=120)
         finally:
@@ -84,18 +88,20 @@ def stage(store: Path, base: Path, replicas: int, nodes: int = NODES) -> str:
 
 
 class Job:
-    """A mount job: ``mpiexec -n N fanfs mount ... --foreground``, each rank with its own dirs."""
+    """A mount job: ``mpiexec -n N fanfs mount ... --foreground``, each rank with its own dirs (``mnt`` and
+    ``local`` under ``base``, with ``{rank}``); ``launcher`` as for :func:`mpiexec`."""
 
-    def __init__(self, store: Path, base: Path, replicas: int, *options: str, nodes: int = NODES,
-                 descriptors: int | None = None) -> None:
+    def __init__(self, store: Path | str, base: Path, replicas: int, *options: str, nodes: int = NODES,
+                 descriptors: int | None = None, launcher: list[str] | None = None, mnt: str = "mnt{rank}",
+                 local: str = "local{rank}") -> None:
         """``descriptors``: the job's limit on open files (each process of it may open that many)."""
-        self.mounts = [base / f"mnt{rank}" for rank in range(nodes)]
-        for mnt in self.mounts:
-            mnt.mkdir(exist_ok=True)
+        self.mounts = [base / mnt.format(rank=rank) for rank in range(nodes)]
+        for mountpoint in self.mounts:
+            mountpoint.mkdir(exist_ok=True)
         self.log = base / "job.log"
         self.logfile = open(self.log, "w")
-        self.proc = mpiexec("mount", store, base / "mnt{rank}", "--local-dir", base / "local{rank}",
-                            "--replicas", replicas, "--peer-timeout", "1", "--foreground", *options, nodes=nodes,
+        self.proc = mpiexec("mount", store, base / mnt, "--local-dir", base / local, "--replicas", replicas,
+                            "--peer-timeout", "1", "--foreground", *options, nodes=nodes, launcher=launcher,
                             stdout=self.logfile, stderr=subprocess.STDOUT,
                             preexec_fn=descriptors and (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
                                                                                    (descriptors, descriptors))))

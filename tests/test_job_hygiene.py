@@ -15,7 +15,7 @@ import time
 
 import pytest
 from fanfs_command import fanfs
-from support.processes import fd_targets, live_mpi_segments, mpi_segments_since
+from support.processes import fd_targets, live_mpi_segments, mpi_segments, mpi_segments_left
 from test_cluster import MPIEXEC, NODES, Job, assert_exact, dataset, finish, mpiexec  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.slow,  # mpiexec jobs of 3 nodes
@@ -30,7 +30,7 @@ def _launcher_pids(job: Job) -> list[int]:
 
 def test_mpi_ends_at_the_start_and_daemons_hold_nothing_of_the_launcher(dataset, tmp_path):
     src, store, files = dataset
-    started = time.time()
+    before = mpi_segments()
     with Job(store, tmp_path, 1, "--stage") as job:
         assert_exact(src, job.mounts[0], files[:20])
         pids = job.pids()
@@ -44,12 +44,12 @@ def test_mpi_ends_at_the_start_and_daemons_hold_nothing_of_the_launcher(dataset,
             assert not inherited, f"rank {rank}'s daemon holds the launcher's {inherited}"
         fanfs("umount", job.mounts[0], timeout=60)
         assert finish(job.proc, 60) == 0, job.text()
-    assert mpi_segments_since(started) == []
+    assert mpi_segments_left(before, hosts=1) == []
 
 
 def test_an_agreed_failure_ends_mpi_on_every_rank_too(dataset, tmp_path):
     _, store, _ = dataset
-    started = time.time()
+    before = mpi_segments()
     for rank in (0, 2):
         (tmp_path / f"mnt{rank}").mkdir()
     (tmp_path / "mnt1").write_text("not a directory")  # rank 1 cannot mount: every rank fails alike
@@ -58,7 +58,7 @@ def test_an_agreed_failure_ends_mpi_on_every_rank_too(dataset, tmp_path):
     assert finish(proc, 60) == 1
     err = proc.stderr.read()
     assert len(err.strip().splitlines()) == 1 and err.startswith("fanfs: error: rank 1: mount point"), err  # said once, by rank 0
-    assert mpi_segments_since(started) == []
+    assert mpi_segments_left(before, hosts=1) == []
 
 
 def _mounted(path) -> bool:

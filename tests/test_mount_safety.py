@@ -99,7 +99,7 @@ def test_stage_creates_only_the_last_component(stores, tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["store under it", "store is it", "store through a symlink", "store through a bind mount",
-                                    "local dir under it", "runtime dir under it"])
+                                    "a shard linked under it", "local dir under it", "runtime dir under it"])
 def test_a_mount_point_holding_what_its_daemon_opens_is_refused(stores, tmp_path, layout):
     """Served through its own mount, the daemon would wait on itself for ever (kill -9 and fusermount3 -u
     were the only way out): refused before mounting, however the path reaches the mount point."""
@@ -120,6 +120,11 @@ def test_a_mount_point_holding_what_its_daemon_opens_is_refused(stores, tmp_path
         bound.mkdir()
         subprocess.run(["mount", "--bind", str(mnt), str(bound)], check=True)
         store = bound / "store"
+    if layout == "a shard linked under it":
+        store = tmp_path / "store"
+        shutil.copytree(stores / "plain", store)
+        (store / "shards" / "000000").rename(mnt / "000000")
+        os.symlink(mnt / "000000", store / "shards" / "000000")
     if layout == "local dir under it":
         store, options = stores / "plain", ["--local-dir", str(mnt / "local"), "--stage"]
     if layout == "runtime dir under it":
@@ -177,3 +182,14 @@ def test_a_mount_s_lock_file_goes_when_its_daemon_ends(stores, tmp_path):
         assert not lock_file.exists() and not os.path.ismount(mnt)
     finally:
         force_unmount(mnt)
+
+
+def test_a_runtime_dir_deeper_than_a_socket_address_works(stores, tmp_path, mount, monkeypatch):
+    """A Slurm job's runtime directory lies in $FANFS_LOCAL, at any depth: a control socket's address holds
+    at most 107 bytes, so a deeper one is reached through its directory's descriptor."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "run"
+    deep.parent.mkdir(parents=True)
+    monkeypatch.setenv("FANFS_RUNTIME_DIR", str(deep))
+    with mount(stores / "plain") as mnt:
+        assert "reads" in fanfs("stats", mnt).stdout
+        assert any(p.suffix == ".sock" and len(str(p)) > 107 for p in deep.iterdir())

@@ -147,7 +147,7 @@ def test_srun_pmi2_start_up_uses_a_card_that_fits_slurms_pmi1_reader(slurm):
     """Slurm 22.05 reads a PMI-1 line in one read() of 1024 bytes; MPICH's UCX business card can overflow
     it (a sporadic start-up abort under load), so fanfs starts MPICH's MPI on OFI under srun --mpi=pmi2."""
     probe = ("import os; from fanfs.cluster.world import World; w = World.detect(); "
-             "print(w.rank, w.size, os.environ.get('MPIR_CVAR_CH4_NETMOD'), w.allgather(w.rank))")
+             "print(w.rank, w.size, os.environ.get('MPIR_CVAR_CH4_NETMOD'), w.allgather(w.rank)); w.finalize()")
     for _ in range(3):
         done = slurm.run("srun", f"-N{NODES}", f"-n{NODES}", "--mpi=pmi2", sys.executable, "-c", probe, timeout=120)
         lines = sorted(done.stdout.split("\n")[:-1])

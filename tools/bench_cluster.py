@@ -11,6 +11,9 @@ Real-photo JPEGs of about 110 KB (and a small tree of ~28 KB ones) packed with f
   with rank 2's daemon SIGSTOPped while 4 more readers keep rank 0's workers waiting on it;
 * a dead peer: after kill -9 of rank 2's daemon, how long until rank 0 has read a file whose first
   holder was rank 2 (served by the replica).
+
+``--emulate``: fanfs against a shared file system on an emulated cluster instead (nodes in network
+namespaces, shaped links, sshfs): ``tools/bench_emulated.py``, whose options follow ``--emulate``.
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ def _read(path: str) -> int:
         return -1
 
 
-def mpi_fanfs(ranks: int, *args: str | os.PathLike) -> list[str]:
-    return [MPIEXEC, "-disable-auto-cleanup", "-n", str(ranks), *bl.FANFS, *map(str, args)]
+def mpi_fanfs(ranks: int, *args: str | os.PathLike, launcher: list[str] | None = None) -> list[str]:
+    """``fanfs ARGS`` on ``ranks`` ranks (``launcher``: another mpiexec command line, the emulated cluster's)."""
+    return [*(launcher or [MPIEXEC, "-disable-auto-cleanup", "-n", str(ranks)]), *bl.FANFS, *map(str, args)]
 
 
 def make_tree(src: Path, files: int, size: int) -> list[str]:
@@ -78,23 +82,26 @@ def cp_rate(store: Path, dst: Path) -> float:
 
 
 @contextmanager
-def job(store: Path, base: Path, ranks: int, replicas: int) -> Iterator[list[Path]]:
-    """A mount job (staging first), unmounted and ended however the block ends."""
-    mounts = [base / f"mnt{rank}" for rank in range(ranks)]
-    for mnt in mounts:
-        mnt.mkdir(exist_ok=True)
+def job(store: Path | str, base: Path, ranks: int, replicas: int, *options: str, launcher: list[str] | None = None,
+        mnt: str = "mnt{rank}", local: str = "local{rank}") -> Iterator[list[Path]]:
+    """A mount job (staging first), unmounted and ended however the block ends; ``options`` go to ``mount``
+    (default ``--stage``), ``mnt`` and ``local`` are paths under ``base`` with ``{rank}``."""
+    mounts = [base / mnt.format(rank=rank) for rank in range(ranks)]
+    for mountpoint in mounts:
+        mountpoint.mkdir(exist_ok=True)
     log = open(base / "job.log", "w")
-    proc = subprocess.Popen(mpi_fanfs(ranks, "mount", store, base / "mnt{rank}", "--local-dir", base / "local{rank}",
-                                      "--replicas", str(replicas), "--peer-timeout", "2", "--stage", "--foreground"),
+    proc = subprocess.Popen(mpi_fanfs(ranks, "mount", store, base / mnt, "--local-dir", base / local, "--replicas",
+                                      str(replicas), "--peer-timeout", "2", "--foreground", *(options or ["--stage"]),
+                                      launcher=launcher),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        for mnt in mounts:
-            bl.run([*bl.FANFS, "wait", mnt, "--timeout", "120"], timeout=150)
+        for mountpoint in mounts:
+            bl.run([*bl.FANFS, "wait", mountpoint, "--timeout", "120"], timeout=150)
         yield mounts
     finally:
-        for mnt in mounts:
-            if os.path.ismount(mnt):
-                subprocess.run([*bl.FANFS, "umount", mnt], capture_output=True, timeout=60)
+        for mountpoint in mounts:
+            if os.path.ismount(mountpoint):
+                subprocess.run([*bl.FANFS, "umount", mountpoint], capture_output=True, timeout=60)
                 break
         try:
             proc.wait(timeout=60)
@@ -102,12 +109,12 @@ def job(store: Path, base: Path, ranks: int, replicas: int) -> Iterator[list[Pat
             with suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for mnt in mounts:
-            if os.path.ismount(mnt):
-                subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        for mountpoint in mounts:
+            bl.force_unmount(mountpoint)
         log.close()
-        for rank in range(ranks):
-            shutil.rmtree(base / f"local{rank}", ignore_errors=True)
+        if "--stage" in (options or ["--stage"]):  # what it staged itself
+            for rank in range(ranks):
+                shutil.rmtree(base / local.format(rank=rank), ignore_errors=True)
 
 
 def read_pass(mnt: Path, rels: list[str], readers: int = READERS) -> float:
@@ -136,6 +143,9 @@ def holders(store: Path, rels: list[str], ranks: int, replicas: int) -> dict[str
 
 
 def main() -> int:
+    if "--emulate" in sys.argv[1:]:
+        from bench_emulated import main as emulated
+        return emulated()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bl.common_args(parser)
     parser.add_argument("--files", type=int, default=2000, help="JPEGs of ~110 KB (default 2000)")

@@ -13,6 +13,7 @@ ends a Slurm job's serve step, since srun turns a SIGTERM of its own into killin
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -21,8 +22,11 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import FanfsError
 from ..util.sockets import recv_exactly
 from ..util.workers import die_with_parent
+
+log = logging.getLogger("fanfs")
 
 _LENGTH = struct.Struct("<Q")
 _FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT, signal.SIGHUP: signal.SIGHUP,
@@ -81,6 +85,11 @@ class Handoff:
                 if end_with_rank:
                     die_with_parent(signal.SIGTERM, rank)
                 code = daemon_main(theirs)
+            except BaseException as err:  # said in the log (the job's output), not lost with the process
+                if isinstance(err, FanfsError):
+                    log.error("this node's daemon: %s", err)
+                else:
+                    log.exception("this node's daemon failed")
             finally:
                 os._exit(code)
         theirs.close()

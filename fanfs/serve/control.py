@@ -10,6 +10,7 @@ the same point is refused instead of stacking on the first.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -17,7 +18,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import FanfsError, UsageError
@@ -39,6 +40,20 @@ def socket_path(mountpoint: str) -> str:
 
 def log_path(mountpoint: str) -> str:
     return _stem(mountpoint) + ".log"
+
+
+@contextlib.contextmanager
+def _address(path: str) -> Iterator[str]:
+    """An AF_UNIX address for ``path`` however deep it lies (an address holds at most 107 bytes, and a
+    job's runtime directory may lie deep in $FANFS_LOCAL): beyond that, its directory through /proc/self/fd."""
+    if len(os.fsencode(path)) < 100:
+        yield path
+        return
+    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{os.path.basename(path)}"
+    finally:
+        os.close(fd)
 
 
 class ControlError(FanfsError, OSError):
@@ -99,7 +114,8 @@ def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
-            sock.connect(path)
+            with _address(path) as address:
+                sock.connect(address)
         except OSError as err:
             raise ControlError(f"no fanfs daemon answers for {mountpoint} ({err.strerror})") from None
         if _peer_uid(sock) != os.getuid():
@@ -161,7 +177,8 @@ class ControlServer:
         if os.path.lexists(self.path):
             os.unlink(self.path)  # left by a daemon that was killed: this mount point's lock is ours now
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(self.path)
+        with _address(self.path) as address:
+            self._sock.bind(address)
         os.chmod(self.path, 0o600)
         self._sock.listen(16)
 

@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import FanfsError, StoreError
 from ..records import Presentation, check_presentation
 from ..store import Store
+from ..store.format import INDEX_NAME, SHARD_DIR
 from ..util.mounts import mounted, unmount
 from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server
@@ -92,8 +93,16 @@ def _at_or_under(path: str, directory: tuple[int, int]) -> bool:
 
 
 def opened_paths(store_root: str, local_dir: str | None = None) -> dict[str, str]:
-    """What a daemon serving ``store_root`` opens while it serves: none may lie under its mount point."""
-    paths = {"the store": store_root, "the runtime directory": runtime_dir()}
+    """What a daemon serving ``store_root`` opens while it serves: none may lie under its mount point.
+    Its index and shards are named one by one, since any of them may be a symbolic link elsewhere."""
+    shards = os.path.join(store_root, SHARD_DIR)
+    paths = {"the store": store_root, "its index": os.path.join(store_root, INDEX_NAME), "its shards": shards}
+    try:
+        with os.scandir(shards) as entries:
+            paths.update((f"its shard {entry.name}", entry.path) for entry in entries)
+    except OSError:  # no store here: opening it says so
+        pass
+    paths["the runtime directory"] = runtime_dir()
     if local_dir is not None:
         paths["the local directory"] = local_dir
     return paths

@@ -283,13 +283,19 @@ class Session:
         main = threading.current_thread() is threading.main_thread()
         stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if main else ()
         previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in stops}
+        pipe = signal.getsignal(signal.SIGPIPE) if main else None
         _lib.fuse_set_signal_handlers(self._se)
         try:
             return _lib.fuse_session_loop(self._se)
         finally:
-            _lib.fuse_remove_signal_handlers(self._se)
+            # Ours again before libfuse lets go (it resets only its own handlers, to the default action:
+            # a second SIGTERM in between, as a job's end sends, killed the daemon); libfuse also resets
+            # SIGPIPE, which Python ignores, to its default (death on a write to a closed socket).
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            _lib.fuse_remove_signal_handlers(self._se)
+            if pipe is not None:
+                signal.signal(signal.SIGPIPE, pipe)
             self.unmount()
 
     def serve_until_ready(self) -> None:

@@ -27,16 +27,21 @@ def live_mpi_segments(pids) -> list[str]:
                    if target.startswith("/dev/shm/mpich_shm_") and not target.endswith("(deleted)")})
 
 
-def mpi_segments_since(started: float) -> list[str]:
-    """MPICH segments in /dev/shm made since ``started`` (time.time()) that no process holds any more:
-    what a job left behind.  (Another user's job leaking at the same moment would count too.)"""
+def mpi_segments() -> set[str]:
+    """The MPICH shared-memory segments in /dev/shm now."""
+    return {path.name for path in Path("/dev/shm").glob("mpich_shm_*")}
+
+
+def mpi_segments_left(before: set[str], hosts: int) -> list[str]:
+    """MPICH segments in /dev/shm that were not there ``before``, that no process holds any more, and that
+    a job on ``hosts`` hosts makes: MPICH names them ``mpich_shm_HASH_N``, one per host N of the job (one
+    host under mpiexec here, one per Slurm node).  Another job leaking at the same moment with as many
+    hosts would count too."""
     held = {target for pid in filter(str.isdigit, os.listdir("/proc")) for target in fd_targets(int(pid)).values()}
-    left = []
-    for path in Path("/dev/shm").glob("mpich_shm_*"):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        if max(st.st_mtime, st.st_ctime) >= started - 1 and str(path) not in held:
-            left.append(path.name)
-    return left
+    groups: dict[str, set[str]] = {}
+    for name in mpi_segments() - before:
+        if f"/dev/shm/{name}" not in held:
+            job, _, host = name.rpartition("_")
+            groups.setdefault(job, set()).add(host)
+    return sorted(f"{job}_{host}" for job, found in groups.items() if found == {str(n) for n in range(hosts)}
+                  for host in found)

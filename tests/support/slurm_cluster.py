@@ -44,6 +44,7 @@ import contextlib
 import ctypes
 import os
 import pwd
+import random
 import re
 import signal
 import socket
@@ -266,6 +267,10 @@ def _write_config(base: Path, nodes: list[str], cpus_per_node: int) -> tuple[Pat
 ClusterName=testcluster
 SlurmctldHost=localhost
 SlurmctldPort={ctld_port}
+# Job ids of their own: clusters started one after another (or by several users at once) on this host
+# must not share them, since what jobs leave is named after them (MPICH names its /dev/shm segments after
+# the job and step: a segment leaked by another cluster's job of the same id would be reused, and kept).
+FirstJobId={random.randrange(10_000, 60_000_000, 1000)}
 # Both daemons run as whoever starts the cluster (root, or a user whose jobs then all run as that user).
 SlurmUser={user}
 SlurmdUser={user}

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .processes import mpi_segments_since
+from .processes import mpi_segments, mpi_segments_left
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "slurm" / "train.sbatch"
@@ -22,15 +22,16 @@ def submit(slurm, store: Path, out: Path, *task_args: str, env: dict[str, str] |
     """``sbatch -N 3 slurm/train.sbatch STORE python slurm_task.py OUT '$FANFS_MNT' ...`` with fanfs on PATH."""
     out.mkdir(exist_ok=True)
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    submitted = time.time()
+    segments = mpi_segments()
     job = slurm.submit(SBATCH, store, sys.executable, TASK, out, "$FANFS_MNT", *task_args,
                         sbatch_options=["-N", str(nodes), *options], env={"PATH": path, **(env or {})})
-    SUBMITTED[job] = submitted
+    if nodes > 1:  # a job of one node never starts MPI
+        SEGMENTS_BEFORE[job] = segments, nodes
     return job
 
 
-SUBMITTED: dict[int, float] = {}
-"""When each job was submitted (time.time()): MPI segments in /dev/shm made since then are its."""
+SEGMENTS_BEFORE: dict[int, tuple[set[str], int]] = {}
+"""The MPI segments in /dev/shm when each job was submitted, and its nodes: what it left is new ones."""
 
 
 def reports(out: Path) -> dict[str, dict]:
@@ -40,7 +41,7 @@ def reports(out: Path) -> dict[str, dict]:
 def leftovers(slurm, job: int) -> list[str]:
     """Anything of the job still on a node: its directories, mounts, processes and MPI segments in /dev/shm."""
     found = [str(p) for node in slurm.nodes for p in (slurm.base_dir / "tmp" / node).glob(f"fanfs-{job}-*")]
-    found += [f"/dev/shm/{name}" for name in mpi_segments_since(SUBMITTED[job])] if job in SUBMITTED else []
+    found += [f"/dev/shm/{name}" for name in mpi_segments_left(*SEGMENTS_BEFORE[job])] if job in SEGMENTS_BEFORE else []
     with open("/proc/mounts") as f:
         found += [line.strip() for line in f if f"fanfs-{job}-" in line]
     for pid in filter(str.isdigit, os.listdir("/proc")):
