@@ -205,10 +205,6 @@ def answer(req: int, handler: Callable[..., None], *args: object) -> None:
         reply_err(req, errno.EIO)
 
 
-class Attr(Protocol):
-    """What a file system gives for an inode: fills a ``Stat`` in place (no Python object per reply)."""
-
-
 class FileSystem(Protocol):
     """The requests :class:`Session` forwards; each must reply exactly once (maybe later, from any thread)."""
 
