@@ -3,11 +3,12 @@ every folder in the layer table and the README's, ruff's rules; serve knows no c
 reached only through their registry.
 
 Layers, lowest first (a module may import its own layer's package and any lower layer):
-errors/util -> codecs -> records -> store -> pack | tune -> serve | fsspec -> cluster | train -> cli.
+errors/util -> codecs -> records -> store -> pack | tune -> serve -> cluster | train -> cli | fsspec.
 pack and tune are siblings (neither imports the other); cluster sits beside serve and may use it;
 train (the PyTorch side, which talks to a mount) is a sibling of cluster.  fsspec (the in-process
-front, the only importer of the fsspec package) is a sibling of serve, the FUSE front: both present a
-store (with tune's ``auto`` fidelity) and neither needs the other.
+front, the only importer of the fsspec package) sits on top, beside cli: on a cluster node it reads
+the node's view, staged shards and peers, through cluster's authenticated client, as the node's mount
+does; neither it nor cli imports the other.
 Every import counts, those inside functions too.
 """
 
@@ -22,9 +23,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "fanfs"
-RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "pack": 4, "tune": 4, "serve": 5, "fsspec": 5, "cluster": 6,
-        "train": 6,
-        "cli": 7}
+RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "pack": 4, "tune": 4, "serve": 5, "cluster": 6, "train": 6,
+        "cli": 7, "fsspec": 7}
 GROUP = {"fanfs": "base", "errors": "base", "util": "base", "__main__": "cli"}  # modules that belong to a layer
 MAX_LINES = 400
 

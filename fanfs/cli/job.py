@@ -27,6 +27,8 @@ settings (environment; the options of 'job run' win):
   FANFS_REPLICAS  copies of each shard across the nodes (default 2; 1 on one node)
   FANFS_WORKERS   serving processes of each node's mount (default: a quarter of its cores, 1 to 8)
   FANFS_MPI       srun's --mpi for the nodes' start-up (default pmi2; pmix for a PMIx MPI)
+  FANFS_MOUNT     0: where FUSE is not allowed, mount nothing; each node serves its peers and the training
+                  tasks read in-process: fsspec.filesystem("fanfs", job=True) (default 1)
 {settings}"""
 
 
@@ -51,8 +53,12 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     if text and not (text.isdigit() and int(text) > 0):
         raise UsageError(f"FANFS_WORKERS must be a positive whole number, not {text!r}")
     workers = args.workers or (int(text) if text else None)
+    mount = os.environ.get("FANFS_MOUNT", "").strip() or "1"
+    if mount not in ("0", "1"):
+        raise UsageError(f"FANFS_MOUNT must be 1 (mount) or 0 (serve without a mount), not {mount!r}")
     settings = JobSettings(nodes=nodes, replicas=min(replicas, nodes), presentation=as_text(values),
-                           cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2", workers=workers)
+                           cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2", workers=workers,
+                           mount=mount == "1" and not args.no_mount)
     for variable, value in ((LOCAL_VARIABLE, args.local), (MNT_VARIABLE, args.mountpoint)):
         if value:
             os.environ[variable] = value  # the steps inherit it
@@ -67,7 +73,8 @@ def cmd_job_serve(args: argparse.Namespace) -> int:
     values = presentation_values(args)
     options = MountOptions(cache_size=args.cache_size, workers=args.workers or default_workers(),
                            presentation=known(values))
-    serve_node(os.path.abspath(args.store), options, replicas=args.replicas, auto=unresolved(values))  # once for the job
+    serve_node(os.path.abspath(args.store), options, replicas=args.replicas, auto=unresolved(values),  # once for the job
+               mount_fuse=not args.no_mount)
     return 0
 
 
@@ -93,6 +100,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--cache-size", type=size, default="1G", help="each mount's cache for decoded blobs (default 1G)")
     p.add_argument("--workers", type=positive, metavar="N", help="serving processes of each node's mount "
                    "($FANFS_WORKERS; default: a quarter of the node's cores, 1 to 8)")
+    p.add_argument("--no-mount", action="store_true", help="mount nothing: the tasks read in-process, "
+                   "fsspec.filesystem('fanfs', job=True) (FANFS_MOUNT=0)")
     p.add_argument("store", help="the store, on a file system every node sees")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command; '$FANFS_MNT' and "
                    "'${FANFS_MNT}' in it (quoted at submission) become the node's mount point ($FANFS_MNT_X stays)")
@@ -100,6 +109,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p = steps.add_parser("serve", help="one node's part: stage, mount, serve peers, clean up (one task per node)")
     p.set_defaults(func=cmd_job_serve)
     p.add_argument("store")
+    p.add_argument("--no-mount", action="store_true", help="serve peers and in-process readers, mount nothing")
     p.add_argument("--replicas", type=positive, default=1)
     add_presentation_options(p)
     p.add_argument("--cache-size", type=size, default="1G")

@@ -20,8 +20,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from ..records import unresolved
     from ..serve.daemon import MountOptions
     args.store, args.mountpoint = expand(args.store), expand(args.mountpoint)
-    if args.local_dir is None and (args.stage or args.replicas != 1):
-        raise UsageError("--stage and --replicas need --local-dir")
+    if args.local_dir is None and (args.stage or args.replicas != 1 or args.no_mount):
+        raise UsageError("--stage, --replicas and --no-mount need --local-dir")
+    args.foreground = args.foreground or args.no_mount  # a node serving without a mount stays attached
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
     presentation = known(values) if job else resolved(args.store, values)
@@ -32,7 +33,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         from ..cluster.node import mount_node
         from ..cluster.serving import NodeOptions
         node = NodeOptions(options, os.path.abspath(expand(args.local_dir)), replicas=args.replicas, stage=args.stage,
-                           auto=unresolved(values), peer_timeout=args.peer_timeout)
+                           auto=unresolved(values), peer_timeout=args.peer_timeout, serve_only=args.no_mount)
         pid = mount_node(os.path.abspath(args.store), os.path.abspath(args.mountpoint), node)
     else:
         from ..serve.daemon import mount
@@ -176,6 +177,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "here); 1 serves from one loop in the daemon itself")
     p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for a peer before asking the next holder (default 5)")
+    p.add_argument("--no-mount", action="store_true",
+                   help="where FUSE is not allowed: mount nothing, serve peers and in-process readers "
+                        "(fsspec.filesystem('fanfs', node=MOUNTPOINT)) through MOUNTPOINT, a private directory made "
+                        "if missing; stays attached until SIGTERM or the job's end (needs --local-dir)")
 
     p = command("stage", cmd_stage, "copy this node's shards of a store to local disk (one rank per node "
                 "under mpiexec/srun; {rank} in paths is the rank); a rerun resumes")

@@ -49,13 +49,15 @@ class JobSettings:
     cache_size: int = 1 << 30
     mpi: str = "pmi2"  # srun's PMI for the serve step's MPI start-up
     workers: int | None = None  # serving processes of each node's mount (None: the node's default)
+    mount: bool = True  # False: the nodes serve without a mount (their tasks read in-process)
 
     def serve_command(self, fanfs: Sequence[str], store: str) -> list[str]:
         return ["srun", f"--nodes={self.nodes}", f"--ntasks={self.nodes}", "--ntasks-per-node=1", "--overlap",
                 f"--mpi={self.mpi}", "--kill-on-bad-exit=0",
                 *fanfs, "job", "serve", store, "--replicas", str(self.replicas),
                 *(argument for name, text in self.presentation.items() for argument in (setting(name).option, text)),
-                "--cache-size", str(self.cache_size), *(["--workers", str(self.workers)] if self.workers else [])]
+                "--cache-size", str(self.cache_size), *(["--workers", str(self.workers)] if self.workers else []),
+                *([] if self.mount else ["--no-mount"])]
 
 
 class _Relay:

@@ -3,7 +3,9 @@
 Everything a job keeps on a node lives in one directory of its own under ``$FANFS_LOCAL`` (default
 ``$TMPDIR``, else ``/tmp``), ``fanfs-JOBID-NODE-`` plus random letters, made 0700 by the node's serving
 task: the staged shards in ``shards/``, the runtime directory ``run/`` and, unless ``$FANFS_MNT`` names
-another place, the mount point ``mnt/``.  The node name is in the path, so several Slurm nodes sharing
+another place, the mount point ``mnt/`` (with ``FANFS_MOUNT=0``, where FUSE is not allowed, nothing is
+mounted there: it is the node directory where the node publishes its view for the tasks' in-process
+readers, :mod:`.nodeview`).  The node name is in the path, so several Slurm nodes sharing
 one host (a test cluster, oversubscribed nodes) never collide; the random part means another user can
 neither make it first (refusing the job) nor guess it.  ``exec`` (every task of the training step)
 finds it as the newest directory of that name owned by this user and writable by nobody else, which
@@ -30,6 +32,7 @@ from ..serve.daemon import MountOptions
 from ..util.mounts import mounted, unmount
 from ..util.runtime import RUNTIME_VARIABLE, UnsafeDirError, private_dir
 from .node import mount_node
+from .nodeview import serving
 from .serving import NodeOptions
 
 log = logging.getLogger("fanfs")
@@ -92,7 +95,8 @@ class NodeDirs:
     @classmethod
     def find(cls) -> "NodeDirs":
         """The directory ``make_root`` made for this job on this node (for ``fanfs job exec``): among this
-        user's private directories named after the job and the node, the newest whose mount serves."""
+        user's private directories named after the job and the node, the newest whose mount (or node
+        serving without one) serves."""
         dirs = cls.from_environment()
         parent, stem = os.path.split(dirs.prefix)
         found = []
@@ -105,9 +109,9 @@ class NodeDirs:
                 continue
         for _, root in sorted(found, reverse=True):
             dirs.root = root
-            if mounted(dirs.mountpoint):
+            if mounted(dirs.mountpoint) or serving(dirs.mountpoint):
                 return dirs
-        raise FanfsError(f"no fanfs mount of job {os.environ['SLURM_JOB_ID']} on node {dirs.node} "
+        raise FanfsError(f"no fanfs node of job {os.environ['SLURM_JOB_ID']} serves on node {dirs.node} "
                          f"(looked for {dirs.prefix}*): start the job with 'fanfs job run' (slurm/train.sbatch)")
 
     def create(self) -> None:
@@ -151,9 +155,11 @@ def _stop(signum: int, frame: object) -> None:
     raise JobEnded(f"stopped by {signal.Signals(signum).name} before the mount served")
 
 
-def serve_node(store_root: str, mount: MountOptions, *, replicas: int, auto: dict[str, Auto]) -> int:
+def serve_node(store_root: str, mount: MountOptions, *, replicas: int, auto: dict[str, Auto],
+               mount_fuse: bool = True) -> int:
     """This node's part of the job (one task per node, all at once under srun): stage its shards,
-    mount, serve until the job ends, then remove everything the job put on the node."""
+    mount (unless not ``mount_fuse``: then the mount point is the node directory of in-process readers),
+    serve until the job ends, then remove everything the job put on the node."""
     dirs = NodeDirs.from_environment()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):  # a stop before the daemon serves still cleans up
         signal.signal(sig, _stop)
@@ -162,7 +168,7 @@ def serve_node(store_root: str, mount: MountOptions, *, replicas: int, auto: dic
     os.environ[RUNTIME_VARIABLE] = dirs.runtime
     try:
         options = NodeOptions(replace(mount, foreground=True), dirs.shards, replicas=replicas, stage=True,
-                              auto=auto, job_node=dirs.node)
+                              auto=auto, job_node=dirs.node, serve_only=not mount_fuse)
         return mount_node(store_root, dirs.mountpoint, options, prepare=dirs.create)
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):  # the cleanup itself is not cut short

@@ -34,6 +34,7 @@ from ..store.index import Index
 from ..util.mounts import mounted, unmount
 from ..util.runtime import private_dir
 from .handoff import Handoff
+from .nodeview import node_dir, withdraw
 from .placement import Placement, place
 from .serving import NodeOptions, Plan, daemon_main
 from .stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
@@ -55,9 +56,13 @@ def missing_shards(directory: str, placement: Placement, rank: int, index: Index
     return missing
 
 
-def check_node_paths(store_root: str, mountpoint: str, local_dir: str) -> None:
-    """A node's mount point, and its local directory if it exists (staging makes it), are safe to use."""
-    check_mountpoint(mountpoint, opened_paths(store_root, local_dir))
+def check_node_paths(store_root: str, mountpoint: str, local_dir: str, serve_only: bool = False) -> None:
+    """A node's mount point (``serve_only``: its node directory, made if missing), and its local directory if it
+    exists (staging makes it), are safe to use."""
+    if serve_only:
+        node_dir(mountpoint)
+    else:
+        check_mountpoint(mountpoint, opened_paths(store_root, local_dir))
     if os.path.lexists(local_dir):
         private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
 
@@ -90,8 +95,10 @@ def mount_node(store_root: str, mountpoint: str, options: NodeOptions,
         raise StoreError("under mpiexec/srun, mount with --foreground (the launcher must see the node's daemon)")
     if options.mount.foreground:
         setup_logging(options.mount.debug, options.job_node)
-    if launched_ranks()[1] > 1 or options.job_node is not None:  # a Slurm job's node, even alone: its signals
-        return _mount_in_job(store_root, mountpoint, options, prepare)  # reach this task, which passes them on
+    # A Slurm job's node, even alone: its signals reach this task, which passes them on.  A node serving without
+    # a mount is a job's node too (of one node if alone): the same daemon, peer server and end.
+    if launched_ranks()[1] > 1 or options.job_node is not None or options.serve_only:
+        return _mount_in_job(store_root, mountpoint, options, prepare)
     if prepare is not None:
         prepare()
     lock = MountLock(mountpoint)
@@ -145,7 +152,7 @@ def _mount_in_job(store_root: str, mountpoint: str, options: NodeOptions,
         locks.append(MountLock(mountpoint))
         if not os.path.isdir(store_root):
             raise StoreError(f"{store_root}: no such store directory")
-        check_node_paths(store_root, mountpoint, options.local_dir)
+        check_node_paths(store_root, mountpoint, options.local_dir, options.serve_only)
 
     try:
         error = _problem(check_node)
@@ -190,7 +197,9 @@ def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOp
         child.wait()
         raise
     code = child.wait()
-    if code and mounted(mountpoint):  # killed (-9, OOM) while serving: a dead mount answers ENOTCONN to all
+    if code and options.serve_only:  # killed (-9, OOM) while serving: its view must not outlive it
+        withdraw(mountpoint)
+    elif code and mounted(mountpoint):  # killed (-9, OOM) while serving: a dead mount answers ENOTCONN to all
         unmount(mountpoint, lazy=True)
     if code:
         raise FanfsError(f"this node's daemon (pid {child.pid}) ended with "

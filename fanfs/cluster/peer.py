@@ -67,6 +67,8 @@ class PeerClient:
 
     ``endpoints`` and ``publics``: every rank's address and public key (the job's start gathered them);
     ``stored``: each blob's stored size (the index's), the only length a holder may answer with.
+    Safe after a fork (an in-process reader's DataLoader workers): a process that is not the one that made
+    the channels opens its own (a channel's frames are numbered: two processes cannot share one).
     """
 
     def __init__(self, endpoints: Sequence[tuple[str, int]], publics: Sequence[bytes], rank: int, key: NodeKey,
@@ -81,6 +83,7 @@ class PeerClient:
         self._idle: dict[int, queue.SimpleQueue] = {peer: queue.SimpleQueue() for peer in range(len(endpoints))}
         self._skip_until: dict[int, float] = {}
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self.requests = self.bytes = self.timeouts = self.failures = 0
         self.latency_total = self.latency_max = 0.0
 
@@ -93,6 +96,8 @@ class PeerClient:
 
     def read(self, holder: int, blob: int) -> bytes:
         """The stored bytes of ``blob`` from ``holder``; OSError (EIO, ETIMEDOUT) if it cannot give them."""
+        if self._pid != os.getpid():
+            self._after_fork()
         if time.monotonic() < self._skip_until.get(holder, 0.0):
             raise TimeoutError(errno.ETIMEDOUT, f"rank {holder} did not answer lately; skipped")
         started = time.perf_counter()
@@ -132,6 +137,14 @@ class PeerClient:
             what = "refused" if status == REFUSED else "failed"
             raise OSError(errno.EIO, f"rank {holder} {what}: {payload.decode(errors='replace')}")
         return payload
+
+    def _after_fork(self) -> None:
+        """In a forked child: the idle channels are the parent's (it goes on using them): this process drops its
+        copies (closing a copy ends nothing for the parent) and the lock another thread may have held."""
+        self._lock = threading.Lock()
+        for peer in range(len(self.endpoints)):
+            self._close_idle(peer)
+        self._pid = os.getpid()
 
     def _give_up(self, holder: int, seconds: float, timeout: bool, sock: socket.socket | None) -> None:
         if sock is not None:

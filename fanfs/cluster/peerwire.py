@@ -4,8 +4,9 @@ A shared cluster has other users on every node and on the network, so a node ser
 to a member of its job and believes only a member's answers.  What makes a member:
 
 * **Keys.**  Every serving daemon makes a fresh X25519 key pair for the job and the job's start-up
-  gathers the public halves (MPI's allgather); the private half never leaves the daemon, so nothing
-  secret crosses any wire, the launcher's own included.  Two nodes share ``X25519(mine, theirs)``.
+  gathers the public halves (MPI's allgather); the private half never crosses any wire, the launcher's
+  own included: it leaves the daemon only for a file of the node's private directory, where in-process
+  readers of the same user on the node find it (:mod:`.nodeview`).  Two nodes share ``X25519(mine, theirs)``.
 * **Handshake** (a round trip and a half, under one deadline)::
 
       client -> server   HELLO: magic, store id, client rank, server rank, client nonce
@@ -36,7 +37,7 @@ import time
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from ..util.sockets import recv_exactly
 
@@ -62,10 +63,16 @@ class Untrusted(ConnectionError):
 class NodeKey:
     """This daemon's private key for one job, and the pair secrets it shares with the others."""
 
-    def __init__(self) -> None:
-        self._private = X25519PrivateKey.generate()
+    def __init__(self, private: bytes | None = None) -> None:
+        """A fresh key, or the one ``private`` (:attr:`private`) holds: an in-process reader on the node, which
+        reads it from the node's private directory (:mod:`.nodeview`), speaks as this node."""
+        self._private = X25519PrivateKey.from_private_bytes(private) if private else X25519PrivateKey.generate()
         self.public = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         self._pairs: dict[bytes, bytes] = {}
+
+    @property
+    def private(self) -> bytes:
+        return self._private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
 
     def pair_secret(self, public: bytes) -> bytes:
         """The secret this node shares with the holder of ``public`` (cached: one X25519 per peer)."""

@@ -4,32 +4,37 @@ and serves its blobs to peers over TCP, once the rank has handed it the job's pl
 Shutdown of the job: when this node's FUSE loop ends (``fanfs umount``, SIGTERM), it tells every peer
 BYE; a peer receiving BYE lazily unmounts its own mount point, so its loop ends and it says BYE in turn.
 A dead peer refuses the BYE at once and a stopped one costs a second: nobody waits for them.
+
+A node serving without a mount (``serve_only``: where FUSE is not allowed) is the same daemon with the
+same peer server, client, handshake and end; instead of a FUSE loop it publishes its view in its node
+directory for in-process readers (:mod:`.nodeview`) and waits for a stop signal or a peer's BYE.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FanfsError
-from ..serve.control import MountLock
+from ..serve.control import ControlServer, MountLock
 from ..records import Auto, Presentation
-from ..serve.daemon import Hooks, MountOptions, start
-from ..store import Store
+from ..serve.daemon import Counters, Hooks, MountOptions, start
 from ..store.format import INDEX_NAME
 from ..store.index import Index
 from ..util.mounts import unmount
 from ..util.server import configure_server
 from . import handoff
-from .peer import PeerClient, listen, peer_host, remote_sources
+from .nodeview import NodeStore, node_store, publish, withdraw
+from .peer import PeerClient, listen, peer_host
 from .peerserver import PeerServer
 from .peerwire import NodeKey
-from .placement import place
-from .stage import staged_share, staged_stats
+from .stage import staged_stats
 
 log = logging.getLogger("fanfs")
 
@@ -45,6 +50,7 @@ class NodeOptions:
     auto: dict[str, Auto] = field(default_factory=dict)  # settings the store decides (auto:SSIM): once, by rank 0
     peer_timeout: float = 5.0
     job_node: str | None = None  # a Slurm job's node name (fanfs.cluster.job): the daemon ends with its task
+    serve_only: bool = False  # mount nothing: serve peers, and in-process readers through a node directory
 
 
 READY_LINE = "fanfs: ready: {node} serves {mountpoint}"  # what 'fanfs job run' waits for, one per node
@@ -65,10 +71,12 @@ class Plan:
 
 
 class Stopper:
-    """Ends this node's FUSE loop from another thread, once the loop serves (lazy unmount)."""
+    """Ends this node's serving from another thread, once it serves: the FUSE loop by a lazy unmount, or
+    ``end()`` for a node serving without a mount."""
 
-    def __init__(self, mountpoint: str) -> None:
+    def __init__(self, mountpoint: str, end: Callable[[], object] | None = None) -> None:
         self.mountpoint = mountpoint
+        self._end = end
         self._lock = threading.Lock()
         self._serving = self._requested = False
 
@@ -83,7 +91,7 @@ class Stopper:
             if self._requested:
                 return
             self._requested = True
-            log.info("job ending (%s): unmounting %s", reason, self.mountpoint)
+            log.info("job ending (%s): %s %s", reason, "ending" if self._end else "unmounting", self.mountpoint)
             if self._serving:
                 self._unmount()
 
@@ -93,6 +101,9 @@ class Stopper:
             self._requested = True  # nothing left to stop
 
     def _unmount(self) -> None:
+        if self._end is not None:
+            self._end()
+            return
         # In a thread of its own: the caller may be the FUSE loop itself, which fusermount may query.
         threading.Thread(target=unmount, args=(self.mountpoint,), kwargs={"lazy": True}, name="fanfs-unmount",
                          daemon=True).start()
@@ -121,26 +132,20 @@ def daemon_main(sock: socket.socket, mountpoint: str, lock: MountLock) -> int:
 
 
 def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey, lock: MountLock) -> None:
-    """Serve this node's mount, and its blobs to peers, until the job ends."""
+    """Serve this node's mount (or, ``serve_only``, its view for in-process readers), and its blobs to peers,
+    until the job ends."""
     options = plan.options
     index = Index(f"{plan.store_root}/{INDEX_NAME}", data=plan.index, validated=True)  # by this node's rank
-    placement = place(index.blob_stored, plan.nodes, options.replicas)
     store_id = bytes.fromhex(index.meta["store_id"])
     rank = plan.rank
-    stopper = Stopper(mountpoint)
-    share = staged_share(plan.store_root, options.local_dir, index, plan.staged, placement.held(rank))
+    client = PeerClient(plan.endpoints, plan.publics, rank, key, store_id, index.blob_stored, options.peer_timeout)
+    node = node_store(plan.store_root, index, rank, plan.nodes, options.replicas, options.local_dir, plan.staged,
+                      client, options.mount.cache_size)
+    share, remotes, placement = node.share, node.remotes, node.placement
+    wake_r, wake_w = os.pipe()  # a node serving without a mount waits on it for its end
+    stopper = Stopper(mountpoint, (lambda: os.write(wake_w, b"e")) if options.serve_only else None)
     server = PeerServer(listener, index, share.local, key, plan.publics, rank, store_id,
                         on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
-    client = PeerClient(plan.endpoints, plan.publics, rank, key, store_id, index.blob_stored, options.peer_timeout)
-    remotes = remote_sources(client, placement, share.staged)
-    first, count = index.first, index.count
-
-    def is_local(entry: int, view: int) -> bool:
-        return placement.holds_range(rank, int(first[entry]), int(count[entry])) \
-            and store.kind(entry).reads_within(view, store.view(entry, plan.staged))
-
-    store = Store(plan.store_root, cache_size=options.mount.cache_size,
-                  sources=[share.local, *remotes, share.shared], check_shards=False, index=index, is_local=is_local)
 
     def ready() -> None:
         stopper.serving()
@@ -150,7 +155,7 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
             except OSError:  # nobody listens any more: the job is ending anyway
                 pass
 
-    def stats(counters: dict[str, Any]) -> dict[str, Any]:
+    def stats(counters: Counters) -> dict[str, Any]:
         by_source = counters["by_source"]
         requests = counters["remote_requests"]
         return {**staged_stats(share, by_source),
@@ -165,8 +170,55 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
 
     hooks = Hooks(on_ready=ready, serving=server.start, counters=client.counters, extra_stats=stats)
     try:
-        start(store, mountpoint, options.mount, lock=lock, hooks=hooks)
+        if options.serve_only:
+            _serve_without_mount(plan, node, mountpoint, key, server, ready, stats, (wake_r, wake_w))
+        else:
+            start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
     finally:
         stopper.ended()
         client.say_bye()
         server.close()
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeKey, server: PeerServer,
+                         ready: Callable[[], None], stats: Callable[[Counters], dict[str, Any]],
+                         wake: tuple[int, int]) -> None:
+    """Serve peers, and publish the node's view in ``directory``, until a stop signal or a peer's BYE (either
+    writes to the pipe ``wake``); ``fanfs stats DIRECTORY`` answers meanwhile (with the node's own reads:
+    none, its in-process readers count theirs)."""
+    wake_r, wake_w = wake
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: os.write(wake_w, b"s"))  # a write only: no lock in a handler
+    store = node.store
+
+    def counters() -> Counters:
+        return {**store.stats.as_dict(), **node.client.counters()}
+
+    def answer_stats(message: dict[str, Any]) -> dict[str, Any]:
+        summed = counters()
+        return {"store": store.root, **plan.options.mount.presentation, "workers": 1,
+                "reads_by_process": [summed["reads"]], **summed, **stats(summed)}
+
+    control = ControlServer(directory, {
+        "status": lambda m: {"pid": os.getpid(), "store": store.root, "node": directory,
+                             **plan.options.mount.presentation},
+        "stats": answer_stats})
+    try:
+        server.start()
+        control.start()
+        publish(directory, key, {"store": plan.store_root, "store_id": store.meta["store_id"], "rank": plan.rank,
+                                 "replicas": plan.options.replicas, "local_dir": plan.options.local_dir,
+                                 "staged": dict(plan.staged), "endpoints": plan.endpoints,
+                                 "publics": [public.hex() for public in plan.publics],
+                                 "peer_timeout": plan.options.peer_timeout})
+        log.info("serving %s to peers and to in-process readers through %s (pid %d, no mount)", store.root,
+                 directory, os.getpid())
+        ready()
+        reason = os.read(wake_r, 1)
+        log.info("stopped by %s", "a signal" if reason == b"s" else "the job's end")
+    finally:
+        withdraw(directory)
+        control.close()
+        store.close()

@@ -52,39 +52,54 @@ def _refuse(operation: str) -> Callable[..., None]:
     return refuse
 
 
-def _store_root(store: str | os.PathLike | None, fo: str | None, target_protocol: str | None) -> str | os.PathLike:
-    """The store directory: ``store=``, or the target of a chained URL ``fanfs://PATH::STORE``."""
-    if fo is not None and store is not None:
-        raise UsageError("name the store once: store=PATH or a chained URL 'fanfs://PATH::STORE', not both")
+def _source(store: str | os.PathLike | None, node: str | os.PathLike | None, job: bool, fo: str | None,
+            target_protocol: str | None) -> tuple[str | os.PathLike | None, str | os.PathLike | None]:
+    """(store directory, node directory), one of them None: ``store=`` or the target of a chained URL
+    ``fanfs://PATH::STORE``; or ``node=``, or with ``job=True`` a Slurm job's node (``$FANFS_MNT``)."""
+    if job:
+        from ..cluster.job import MNT_VARIABLE  # only here: a job's parts are not a plain store reader's
+        if node is not None:
+            raise UsageError("name the node once: node=DIR or job=True, not both")
+        node = os.environ.get(MNT_VARIABLE) or None
+        if node is None:
+            raise UsageError(f"job=True reads the node of a Slurm job's task (${MNT_VARIABLE}, set by 'fanfs job "
+                             "exec'), and it is not set here: start the job with FANFS_MOUNT=0, or pass node=DIR")
+    named = [what for what, value in (("store=PATH", store), ("a chained URL 'fanfs://PATH::STORE'", fo),
+                                      ("node=DIR or job=True", node)) if value is not None]
+    if len(named) > 1:
+        raise UsageError(f"name the store once: {' or '.join(named)}, not both")
     if fo is not None and target_protocol not in (None, "file", "local"):
         raise UsageError(f"a fanfs store is a local directory, not {target_protocol}://{fo}")
-    root = store if store is not None else fo
-    if root is None:
-        raise UsageError("say which store to read: fsspec.filesystem('fanfs', store=PATH) or 'fanfs://PATH::STORE'")
-    return root
+    if not named:
+        raise UsageError("say which store to read: fsspec.filesystem('fanfs', store=PATH), 'fanfs://PATH::STORE', "
+                         "or a cluster node's view: node=DIR (job=True in a Slurm job)")
+    return (store if store is not None else fo), node
 
 
 class FanfsFileSystem(AbstractFileSystem):
     """``fsspec.filesystem("fanfs", store=PATH, fidelity=K|"full"|"auto:SSIM", precision=BITS|"full")``.
 
-    Paths are relative to the store's root (``train/cat/1.jpg``; a leading ``/`` or ``fanfs://`` is
-    dropped).  ``cache_size``: decoded blobs kept per process for reads of parts of files.
+    On a cluster node serving without a mount, ``node=DIR`` (its node directory) or ``job=True`` (in a Slurm
+    job's task: ``$FANFS_MNT``) instead of ``store``: the node's staged shards read here, the blobs it lacks
+    from the peers holding them.  Paths are relative to the store's root (``train/cat/1.jpg``; a leading
+    ``/`` or ``fanfs://`` is dropped).  ``cache_size``: decoded blobs kept per process for reads of parts of
+    files.
     """
 
     protocol = PROTOCOL
     root_marker = ""
 
-    def __init__(self, store: str | os.PathLike | None = None, *, cache_size: int | str = DEFAULT_CACHE,
-                 fo: str | None = None, target_protocol: str | None = None, target_options: dict | None = None,
-                 **options: Any) -> None:
+    def __init__(self, store: str | os.PathLike | None = None, *, node: str | os.PathLike | None = None,
+                 job: bool = False, cache_size: int | str = DEFAULT_CACHE, fo: str | None = None,
+                 target_protocol: str | None = None, target_options: dict | None = None, **options: Any) -> None:
         """``options``: the record kinds' presentation settings by name (``fidelity``, ``precision``), and fsspec's."""
         settings = {name: options.pop(name) for name in Presentation.NAMES if name in options}
         unknown = sorted(set(options) - _FSSPEC_OPTIONS)
         if unknown:
-            raise UsageError(f"unknown option {unknown[0]!r} for the fanfs file system (it takes store, "
+            raise UsageError(f"unknown option {unknown[0]!r} for the fanfs file system (it takes store, node, job, "
                              f"{', '.join(Presentation.NAMES)} and cache_size)")
         super().__init__(**options)
-        self.store = open_store(_store_root(store, fo, target_protocol), cache_size)
+        self.store, self._counters = open_store(*_source(store, node, job, fo, target_protocol), cache_size)
         self.presentation = presentation(self.store, settings)
         ix = self.store.index
         self._index, self._lookup, self._mode, self._mtime = ix, ix.lookup, ix.mode, ix.mtime
@@ -188,8 +203,8 @@ class FanfsFileSystem(AbstractFileSystem):
         return self.open(path, mode, block_size)
 
     def stats(self) -> dict[str, Any]:
-        """What this process has read (as ``fanfs stats`` shows for a mount)."""
-        return self.store.stats.as_dict()
+        """What this process has read (as ``fanfs stats`` shows for a mount; on a node, its requests to peers)."""
+        return {**self.store.stats.as_dict(), **self._counters()}
 
     # --- writes: refused ------------------------------------------------------------------------
 

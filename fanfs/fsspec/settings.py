@@ -1,17 +1,17 @@
 """What the file system presents and what it reads: its keyword arguments turned into a presentation and a store.
 
 Both are here, each in one function, so that they change in one place: the presentation (whatever settings
-the record kinds declare, by name, read from their registry), the store when a cluster node reads its
-staged copy and its peers
-(:func:`open_store` is then the one thing to replace: a ``Store`` with other ``sources`` and
-``is_local``, as :func:`fanfs.cluster.node._mount_alone` builds for a mount).
+the record kinds declare, by name, read from their registry), and the store: a store directory's own
+shards, or a cluster node's view (its staged copy, its peers: :func:`fanfs.cluster.nodeview.open_node`,
+the store the node's mount would serve).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..errors import UsageError
 from ..records import Presentation, check_presentation, parse_all, resolve, unresolved
@@ -24,15 +24,23 @@ Value = int | str
 """A setting's value as given to the file system: its kind's syntax, or an int."""
 
 
-def open_store(root: str | os.PathLike, cache_size: int | str) -> Store:
-    """The store a file system reads: ``root``'s own shards (checked at open, like a mount's)."""
+def open_store(root: str | os.PathLike | None, node: str | os.PathLike | None,
+               cache_size: int | str) -> tuple[Store, Callable[[], dict[str, Any]]]:
+    """The store a file system reads, and its counters beyond the store's own: ``root``'s own shards (checked
+    at open, like a mount's), or the view of the cluster node serving in the directory ``node`` (its requests
+    to peers counted too)."""
     try:
         size = parse_size(cache_size) if isinstance(cache_size, str) else int(cache_size)
     except (TypeError, ValueError):
         size = -1
     if size < 0:
         raise UsageError(f"bad cache_size {cache_size!r}: use bytes or a size such as 64M")
-    return Store(os.fspath(root), cache_size=size)
+    if node is None:
+        assert root is not None
+        return Store(os.fspath(root), cache_size=size), dict
+    from ..cluster.nodeview import open_node
+    view = open_node(node, size)
+    return view.store, view.client.counters
 
 
 def presentation(store: Store, given: Mapping[str, Value]) -> Presentation:
