@@ -60,6 +60,23 @@ def test_one_node_job_ends_clean_too(slurm, slurm_plain, tmp_path):
     assert_nothing_left(slurm, job)
 
 
+def test_a_job_without_fuse_reads_every_file_in_process_on_every_node(slurm, slurm_plain, tmp_path):
+    """FANFS_MOUNT=0: the nodes stage and serve each other but mount nothing; each task reads every file
+    in-process (fsspec.filesystem("fanfs", job=True)), a third of them from peers (3 nodes, 2 replicas)."""
+    src, store = slurm_plain
+    job = submit(slurm, store, tmp_path / "out", "--source", str(src), "--in-process", env={"FANFS_MOUNT": "0"})
+    result = slurm.wait(job, timeout=120)
+    output = slurm.output(job)
+    assert result == ("COMPLETED", 0, 0), output
+    assert "error" not in output.lower(), output
+    got = reports(tmp_path / "out")
+    assert sorted(r["node"] for r in got.values()) == slurm.nodes
+    for r in got.values():
+        assert r["files"] == 120 and not r["mismatches"], r
+        assert r["env_mnt"] == r["mnt"] and not r["mounted"] and r["remote_requests"] > 0, r
+    assert_nothing_left(slurm, job)
+
+
 def test_missing_store_fails_at_once(slurm, tmp_path):
     started = time.monotonic()
     job = submit(slurm, tmp_path / "no-such-store", tmp_path / "out")

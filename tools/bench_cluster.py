@@ -6,12 +6,15 @@ Real-photo JPEGs of about 110 KB (and a small tree of ~28 KB ones) packed with f
 * spread: bytes each node stages (``fanfs stage``, replicas 1) for 3 and 4 ranks and two dataset
   sizes, the worst node against the mean, and staging speed against one ``cp`` of the shard files;
 * reads through rank 0's fresh mount by 4 reader processes, every file once: all local (replicas =
-  ranks) against two thirds remote (3 ranks, replicas 1);
+  ranks) against two thirds remote (3 ranks, replicas 1); and the same read in-process on rank 0 of
+  nodes serving without a mount (``--no-mount``; 4 processes, each ``fsspec.filesystem("fanfs",
+  node=DIR).cat_file``);
 * a stopped peer (3 ranks, replicas 2): rank 0 reads the files it holds whole, with no peer stopped and
   with rank 2's daemon SIGSTOPped while 4 more readers keep rank 0's workers waiting on it;
 * a dead peer: after kill -9 of rank 2's daemon, how long until rank 0 has read a file whose first
   holder was rank 2 (served by the replica).
 
+``--reads``: only the reads (no spread, no stopped or dead peer).
 ``--emulate``: fanfs against a shared file system on an emulated cluster instead (nodes in network
 namespaces, shaped links, sshfs): ``tools/bench_emulated.py``, whose options follow ``--emulate``.
 """
@@ -27,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -85,9 +88,12 @@ def cp_rate(store: Path, dst: Path) -> float:
 def job(store: Path | str, base: Path, ranks: int, replicas: int, *options: str, launcher: list[str] | None = None,
         mnt: str = "mnt{rank}", local: str = "local{rank}") -> Iterator[list[Path]]:
     """A mount job (staging first), unmounted and ended however the block ends; ``options`` go to ``mount``
-    (default ``--stage``), ``mnt`` and ``local`` are paths under ``base`` with ``{rank}``."""
+    (default ``--stage``), ``mnt`` and ``local`` are paths under ``base`` with ``{rank}``.  With
+    ``--no-mount`` in ``options`` the nodes mount nothing: ``mnt`` are their node directories."""
+    from fanfs.cluster.nodeview import NODE_FILE, serving
     mounts = [base / mnt.format(rank=rank) for rank in range(ranks)]
-    for mountpoint in mounts:
+    serve_only = "--no-mount" in options
+    for mountpoint in mounts if not serve_only else ():  # a node directory is made private by its node
         mountpoint.mkdir(exist_ok=True)
     log = open(base / "job.log", "w")
     proc = subprocess.Popen(mpi_fanfs(ranks, "mount", store, base / mnt, "--local-dir", base / local, "--replicas",
@@ -96,10 +102,19 @@ def job(store: Path | str, base: Path, ranks: int, replicas: int, *options: str,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         for mountpoint in mounts:
-            bl.run([*bl.FANFS, "wait", mountpoint, "--timeout", "120"], timeout=150)
+            if serve_only:
+                deadline = time.monotonic() + 120
+                while not serving(str(mountpoint)):
+                    assert proc.poll() is None and time.monotonic() < deadline, "the nodes did not serve"
+                    time.sleep(0.1)
+            else:
+                bl.run([*bl.FANFS, "wait", mountpoint, "--timeout", "120"], timeout=150)
         yield mounts
     finally:
         for mountpoint in mounts:
+            if serve_only and serving(str(mountpoint)):  # one node's end ends the job (BYE)
+                os.kill(json.loads((mountpoint / NODE_FILE).read_text())["pid"], signal.SIGTERM)
+                break
             if os.path.ismount(mountpoint):
                 subprocess.run([*bl.FANFS, "umount", mountpoint], capture_output=True, timeout=60)
                 break
@@ -119,13 +134,40 @@ def job(store: Path | str, base: Path, ranks: int, replicas: int, *options: str,
 
 def read_pass(mnt: Path, rels: list[str], readers: int = READERS) -> float:
     """files/s of every file read once by ``readers`` processes."""
-    paths = [str(mnt / rel) for rel in rels]
-    started = time.perf_counter()
-    with ProcessPoolExecutor(readers) as pool:
-        sizes = list(pool.map(_read, paths, chunksize=8))
-    seconds = time.perf_counter() - started
+    return pool_pass(_read, [str(mnt / rel) for rel in rels], readers)
+
+
+def pool_pass(read: Callable[[str], int], items: list[str], readers: int, initializer: Callable[..., None] | None = None,
+              initargs: tuple = ()) -> float:
+    """files/s of ``read`` over every item by ``readers`` processes, timed once every process has started and
+    run ``initializer`` (as a loader's workers have before its first batch)."""
+    with ProcessPoolExecutor(readers, initializer=initializer, initargs=initargs) as pool:
+        list(pool.map(time.sleep, [0.05] * readers))
+        started = time.perf_counter()
+        sizes = list(pool.map(read, items, chunksize=8))
+        seconds = time.perf_counter() - started
     assert min(sizes) >= 0, "a read failed"
-    return len(paths) / seconds
+    return len(items) / seconds
+
+
+_node_fs: Any = None
+
+
+def _open_node(directory: str) -> None:
+    global _node_fs
+    from fanfs.fsspec import FanfsFileSystem
+    _node_fs = FanfsFileSystem(node=directory, skip_instance_cache=True)
+
+
+def _cat(rel: str) -> int:
+    return len(_node_fs.cat_file(rel))
+
+
+def in_process_pass(directory: Path, rels: list[str], readers: int = READERS) -> float:
+    """files/s of every file read once in-process on the node serving in ``directory``, by ``readers``
+    processes, each with the node's view opened afresh (as a mount's first pass)."""
+    import fanfs.fsspec  # noqa: F401  (imported by the parent, as in a training process: not timed in each worker)
+    return pool_pass(_cat, rels, readers, _open_node, (str(directory),))
 
 
 def holders(store: Path, rels: list[str], ranks: int, replicas: int) -> dict[str, set[int]]:
@@ -150,6 +192,7 @@ def main() -> int:
     bl.common_args(parser)
     parser.add_argument("--files", type=int, default=2000, help="JPEGs of ~110 KB (default 2000)")
     parser.add_argument("--small", type=int, default=608, help="JPEGs of ~28 KB of the small tree (default 608)")
+    parser.add_argument("--reads", action="store_true", help="only the reads: mount and in-process, local and remote")
     args = parser.parse_args()
     results: dict[str, Any] = {"files": args.files, "host cores": os.cpu_count()}
     print(f"{os.cpu_count()} cores; load {bl.load_average()}", flush=True)
@@ -161,7 +204,7 @@ def main() -> int:
             stores[name] = base / f"store-{name}"
             bl.run([*bl.FANFS, "pack", src, stores[name], "--quiet"])  # fanfs's defaults
         spread = []
-        for name, store in stores.items():
+        for name, store in stores.items() if not args.reads else ():
             stored = sum(p.stat().st_size for p in (store / "shards").iterdir())
             for ranks in (3, 4):
                 row = stage(store, base, ranks)
@@ -170,12 +213,13 @@ def main() -> int:
                                f"{100 * row['worst vs mean']:.1f}%", f"{row['job MB/s']:.0f}"])
                 for rank in range(ranks):
                     shutil.rmtree(base / f"local{rank}", ignore_errors=True)
-        cp = cp_rate(stores["large"], base / "cp")
-        print("\nstaged bytes per node (replicas 1; fanfs's default pack of each tree)")
-        print(bl.table(["tree", "files", "stored MB", "shards", "ranks", "MB per node", "worst vs mean", "job MB/s"],
-                       spread))
-        print(f"(one cp -r of the large store's shards: {cp:.0f} MB/s)")
-        results["spread"] = spread
+        if spread:
+            cp = cp_rate(stores["large"], base / "cp")
+            print("\nstaged bytes per node (replicas 1; fanfs's default pack of each tree)")
+            print(bl.table(["tree", "files", "stored MB", "shards", "ranks", "MB per node", "worst vs mean",
+                            "job MB/s"], spread))
+            print(f"(one cp -r of the large store's shards: {cp:.0f} MB/s)")
+            results["spread"] = spread
 
         store, rels = stores["large"], trees["large"]
         with job(store, base, 3, 3) as mounts:
@@ -183,11 +227,21 @@ def main() -> int:
         with job(store, base, 3, 1) as mounts:
             remote_share = np.mean([0 not in h for h in holders(store, rels, 3, 1).values()])
             two_thirds = read_pass(mounts[0], rels)
-        print(f"\nreads through rank 0's fresh mount, {READERS} reader processes, every file once")
-        print(bl.table(["ranks", "replicas", "remote share", "files/s", "vs all local"],
-                       [[3, 3, "0%", f"{all_local:,.0f}", "1.00"],
-                        [3, 1, f"{remote_share:.0%}", f"{two_thirds:,.0f}", f"{two_thirds / all_local:.2f}"]]))
-        results["reads"] = {"all_local": all_local, "two_thirds_remote": two_thirds, "remote_share": remote_share}
+        with job(store, base, 3, 3, "--stage", "--no-mount", mnt="node{rank}") as nodes:
+            in_local = in_process_pass(nodes[0], rels)
+        with job(store, base, 3, 1, "--stage", "--no-mount", mnt="node{rank}") as nodes:
+            in_remote = in_process_pass(nodes[0], rels)
+        print(f"\nreads on rank 0, {READERS} reader processes, every file once: through its fresh mount, and "
+              "in-process (fsspec) on nodes serving without a mount")
+        print(bl.table(["ranks", "replicas", "remote share", "mount files/s", "in-process files/s", "in-process/mount"],
+                       [[3, 3, "0%", f"{all_local:,.0f}", f"{in_local:,.0f}", f"{in_local / all_local:.2f}"],
+                        [3, 1, f"{remote_share:.0%}", f"{two_thirds:,.0f}", f"{in_remote:,.0f}",
+                         f"{in_remote / two_thirds:.2f}"]]))
+        results["reads"] = {"all_local": all_local, "two_thirds_remote": two_thirds, "remote_share": remote_share,
+                            "in_process_all_local": in_local, "in_process_two_thirds_remote": in_remote}
+        if args.reads:
+            bl.write_json(args.json, results)
+            return 0
 
         held = holders(store, rels, 3, 2)
         local = [r for r in rels if 0 in held[r]]

@@ -76,7 +76,7 @@ class Stopper:
 
     def __init__(self, mountpoint: str, end: Callable[[], object] | None = None) -> None:
         self.mountpoint = mountpoint
-        self._end = end
+        self._end = end or self._unmount
         self._lock = threading.Lock()
         self._serving = self._requested = False
 
@@ -84,16 +84,17 @@ class Stopper:
         with self._lock:
             self._serving = True
             if self._requested:
-                self._unmount()
+                self._end()
 
     def stop(self, reason: str) -> None:
         with self._lock:
             if self._requested:
                 return
             self._requested = True
-            log.info("job ending (%s): %s %s", reason, "ending" if self._end else "unmounting", self.mountpoint)
+            log.info("job ending (%s): %s %s", reason, "unmounting" if self._end == self._unmount else "ending",
+                     self.mountpoint)
             if self._serving:
-                self._unmount()
+                self._end()
 
     def ended(self) -> None:
         with self._lock:
@@ -101,9 +102,6 @@ class Stopper:
             self._requested = True  # nothing left to stop
 
     def _unmount(self) -> None:
-        if self._end is not None:
-            self._end()
-            return
         # In a thread of its own: the caller may be the FUSE loop itself, which fusermount may query.
         threading.Thread(target=unmount, args=(self.mountpoint,), kwargs={"lazy": True}, name="fanfs-unmount",
                          daemon=True).start()
@@ -142,8 +140,8 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
     node = node_store(plan.store_root, index, rank, plan.nodes, options.replicas, options.local_dir, plan.staged,
                       client, options.mount.cache_size)
     share, remotes, placement = node.share, node.remotes, node.placement
-    wake_r, wake_w = os.pipe()  # a node serving without a mount waits on it for its end
-    stopper = Stopper(mountpoint, (lambda: os.write(wake_w, b"e")) if options.serve_only else None)
+    wake = os.pipe() if options.serve_only else None  # a node serving without a mount waits on it for its end
+    stopper = Stopper(mountpoint, (lambda: os.write(wake[1], b"e")) if wake else None)
     server = PeerServer(listener, index, share.local, key, plan.publics, rank, store_id,
                         on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
 
@@ -170,16 +168,16 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
 
     hooks = Hooks(on_ready=ready, serving=server.start, counters=client.counters, extra_stats=stats)
     try:
-        if options.serve_only:
-            _serve_without_mount(plan, node, mountpoint, key, server, ready, stats, (wake_r, wake_w))
+        if wake is not None:
+            _serve_without_mount(plan, node, mountpoint, key, server, ready, stats, wake)
         else:
             start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
     finally:
         stopper.ended()
         client.say_bye()
         server.close()
-        os.close(wake_r)
-        os.close(wake_w)
+        for fd in wake or ():
+            os.close(fd)
 
 
 def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeKey, server: PeerServer,
