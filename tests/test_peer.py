@@ -78,6 +78,22 @@ def test_held_blobs_are_served_exactly(served):
     assert counters["remote_requests"] == len(mine(store, placement)) and np.isfinite(counters["remote_latency_total_ms"])
 
 
+def test_a_channel_the_holder_closed_while_idle_is_replaced_not_failed(served, monkeypatch):
+    """A holder keeps a member's newest MAX_PER_PEER connections and closes the oldest, and every serving process
+    and in-process reader of a node speaks as that node: a reader whose idle channel went so reads on through a
+    new one (it was an EIO, and the holder skipped for seconds)."""
+    store, placement, server, _ = served
+    monkeypatch.setattr(peerserver, "MAX_PER_PEER", 2)
+    blob = mine(store, placement)[0]
+    readers = [client(server, store) for _ in range(3)]
+    for reader in readers:  # the third's connection makes the holder close the first's
+        assert len(reader.read(1, blob)) == int(store.index.blob_stored[blob])
+    assert len(readers[0].read(1, blob)) == int(store.index.blob_stored[blob])
+    assert readers[0].counters()["remote_failures"] == 0
+    for reader in readers:
+        reader.close()
+
+
 def test_what_must_not_be_served_is_refused(served):
     store, placement, server, _ = served
     c = client(server, store)

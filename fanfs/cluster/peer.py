@@ -87,12 +87,15 @@ class PeerClient:
         self.requests = self.bytes = self.timeouts = self.failures = 0
         self.latency_total = self.latency_max = 0.0
 
-    def _channel(self, peer: int, deadline: float) -> tuple[socket.socket, Channel]:
-        try:
-            return self._idle[peer].get_nowait()
-        except queue.Empty:
-            return connect(self.endpoints[peer], self._key, self.publics[peer], self._store_id, self.rank, peer,
-                           deadline)
+    def _channel(self, peer: int, deadline: float, fresh: bool) -> tuple[socket.socket, Channel, bool]:
+        """An idle channel to ``peer`` (unless ``fresh``) or a new one; and whether it was idle."""
+        if not fresh:
+            try:
+                return (*self._idle[peer].get_nowait(), True)
+            except queue.Empty:
+                pass
+        return (*connect(self.endpoints[peer], self._key, self.publics[peer], self._store_id, self.rank, peer,
+                         deadline), False)
 
     def read(self, holder: int, blob: int, count: int = 1) -> bytes:
         """The stored bytes of blobs ``blob .. blob + count - 1`` (one file's, in one shard) from ``holder``, back to
@@ -106,9 +109,19 @@ class PeerClient:
         expected = int(self._stored[blob:blob + count].sum()) if 0 <= blob < self._stored.size else 0
         sock = None
         try:
-            sock, channel = self._channel(holder, deadline)
-            sock.sendall(channel.seal(REQUEST.pack(READ, blob, count)))
-            status, length = REPLY.unpack(channel.open(recv_exactly(sock, REPLY_FRAME, deadline)))
+            for fresh in (False, True):
+                sock, channel, idle = self._channel(holder, deadline, fresh)
+                try:
+                    sock.sendall(channel.seal(REQUEST.pack(READ, blob, count)))
+                    header = recv_exactly(sock, REPLY_FRAME, deadline)
+                    break
+                except (BrokenPipeError, ConnectionResetError):
+                    if not idle:
+                        raise
+                    # The holder closed this idle channel meanwhile (it keeps a member's newest MAX_PER_PEER
+                    # connections, and a node's mount and in-process readers all speak as the node): a new one.
+                    sock.close()
+            status, length = REPLY.unpack(channel.open(header))
             if status == OK and length != expected or status != OK and length > MAX_REASON:
                 raise Untrusted(f"rank {holder} announced {length} bytes for blob {blob} of {expected}")
             payload = channel.open(recv_exactly(sock, length + TAG, deadline))
