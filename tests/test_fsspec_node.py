@@ -117,6 +117,8 @@ def test_a_reader_on_a_node_without_a_mount_reads_every_file_from_its_copy_and_i
         assert mine["by_source"][str(tmp_path / "local0")] > 0 and mine["by_source"]["peer#1"] > 0, mine
         assert mine["remote_requests"] > 0 and mine["remote_failures"] == mine["remote_timeouts"] == 0, mine
         served = [job.stats(rank)["cluster"]["served_requests"] for rank in (1, 2)]
+        shown = fanfs("stats", job.dirs[1]).stdout
+        assert f"node       {job.dirs[1]} -> {store}  (no mount" in shown and "served" in shown, shown
         assert min(served) > 0 and sum(served) >= mine["remote_requests"], served
         os.kill(job.pid(1), signal.SIGTERM)  # one node's end ends the job (BYE), as an unmount does
         assert finish(job.proc, 60) == 0, job.text()

@@ -135,7 +135,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return 0
     hits, misses = stats["cache_hits"], stats["cache_misses"]
     shown = Presentation({name: stats[name] for name in Presentation.NAMES}).describe()
-    print(f"mount      {args.mountpoint} -> {stats['store']}  ({shown})")
+    if "node_dir" in stats:  # a node serving without a mount: its readers read in-process
+        print(f"node       {args.mountpoint} -> {stats['store']}  (no mount: in-process readers read here; staged at {shown})")
+    else:
+        print(f"mount      {args.mountpoint} -> {stats['store']}  ({shown})")
     print(f"reads      {stats['reads']:,}   errors {stats['errors']:,}"
           + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
              if stats["workers"] > 1 else ""))

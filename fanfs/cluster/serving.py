@@ -196,7 +196,7 @@ def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeK
 
     def answer_stats(message: dict[str, Any]) -> dict[str, Any]:
         summed = counters()
-        return {"store": store.root, **plan.options.mount.presentation, "workers": 1,
+        return {"store": store.root, "node_dir": directory, **plan.options.mount.presentation, "workers": 1,
                 "reads_by_process": [summed["reads"]], **summed, **stats(summed)}
 
     control = ControlServer(directory, {
