@@ -65,6 +65,11 @@ class Packed:
     bytes, stored as nothing).  ``size`` is the full presentation's size; its xxh3 is ``checksum``, or,
     when the layers are produced while reading (large files), ``digest`` once they have been consumed.
     ``compress``: whether blobs go through the file's codec (JPEG scans are entropy-coded already).
+
+    ``side``: side layers, alternatives to the layers rather than refinements of them (a JPEG's resolution
+    tiers).  A shard holds them after every file's layers, side layer j of all its files together, so that
+    reading one side layer of a whole shard is one contiguous range and a prefix of layers never includes
+    one.  Their blobs follow the file's layer blobs: the index's ``count`` has them, ``layers`` does not.
     """
 
     layers: list[Iterable[bytes | int]]
@@ -73,6 +78,7 @@ class Packed:
     digest: Any = None
     compress: bool = True
     notes: list[str] = field(default_factory=list)
+    side: list[Iterable[bytes | int]] = field(default_factory=list)
 
     def final_checksum(self) -> int:
         return self.checksum if self.checksum is not None else self.digest.intdigest()
