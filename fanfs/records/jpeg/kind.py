@@ -235,6 +235,11 @@ def _scales(index: Columns) -> tuple[int, ...]:
     return tuple(scales) if isinstance(scales, list) else ()
 
 
+def tier_values(index: Columns) -> list[int]:
+    """The fidelity values of the store's resolution tiers, finest first (``TIER | 2``, ``TIER | 4``); [] if none."""
+    return [TIER | scale for scale in _scales(index)]
+
+
 def _slot(index: Columns, value: int) -> int:
     """Which of a record's tiers fidelity ``value`` (a tier's code) shows: its position in the store's scales; -1 if none."""
     scales = _scales(index)
