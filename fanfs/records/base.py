@@ -10,6 +10,7 @@ from typing import Any, BinaryIO, ClassVar, Protocol
 import numpy as np
 
 from ..errors import UsageError
+from . import settings as _settings
 from .settings import FULL, Presentation, Setting, register_setting, settings
 
 AddOption = Callable[..., Any]
@@ -97,6 +98,12 @@ class RecordKind:
     def setting_range(self, index: Columns, entries: np.ndarray) -> tuple[int, int]:
         """The values of ``setting`` that mean something for these files (FULL is always allowed)."""
         return (FULL, FULL)
+
+    def offered(self, index: Columns, entries: np.ndarray) -> list[int]:
+        """The values of ``setting`` below FULL that change some of ``entries`` (files of this kind): what a schedule
+        or a choice may pick from.  By default every multiple of ``setting_unit`` in ``setting_range``."""
+        low, high = self.setting_range(index, entries)
+        return [] if (low, high) == (FULL, FULL) else list(range(low, high, self.setting_unit))
 
     def setting_problem(self, index: Columns, entries: np.ndarray, value: int) -> str | None:
         """Why ``entries`` (files of this kind) cannot be shown at ``value`` (not FULL) of the setting; None if
@@ -257,6 +264,15 @@ def check_presentation(index: Columns, presentation: Presentation) -> Presentati
         if None not in problems:
             raise UsageError(problems[0])
     return presentation
+
+
+def offered(index: Columns, name: str) -> list[int]:
+    """Every value below FULL of the setting ``name`` that changes some file of the store, least data first (its
+    ``rank``)."""
+    files = np.flatnonzero(index.type == 1)
+    values = {value for kind_id, kind in _REGISTRY.items() if kind.setting is not None and kind.setting.name == name
+              for value in kind.offered(index, files[index.record[files] == kind_id])}
+    return sorted(values, key=_settings.setting(name).rank)
 
 
 def pack_kinds(options: Mapping[str, Any], plan_records: Mapping[str, Mapping[str, Any]]) -> list[RecordKind]:

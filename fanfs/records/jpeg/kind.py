@@ -58,6 +58,11 @@ class JpegRecords(RecordKind):
         files = entries[index.type[entries] == 1]
         return (1, int(index.layers[files].max())) if files.size else (FULL, FULL)
 
+    def offered(self, index: Columns, entries: np.ndarray) -> list[int]:
+        """The resolution tiers (coarsest first) if some record has them, then K = 1 .. most layers - 1."""
+        tiered = entries.size and bool((index.count[entries] > index.layers[entries]).any())
+        return (tier_values(index)[::-1] if tiered else []) + super().offered(index, entries)
+
     def setting_problem(self, index: Columns, entries: np.ndarray, value: int) -> str | None:
         if not is_tier(value):
             return super().setting_problem(index, entries, value)

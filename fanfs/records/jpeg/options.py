@@ -51,8 +51,15 @@ def format_fidelity(value: int) -> str:
     return f"1/{value & ~TIER}" if is_tier(value) else str(value)
 
 
+def rank_fidelity(value: int) -> tuple[int, int]:
+    """Least data first: the tiers, coarsest first (1/4 before 1/2), then K = 1, 2, ..., then full."""
+    if is_tier(value):
+        return (0, -(value & ~TIER))
+    return (2, 0) if value == FULL else (1, value)
+
+
 FIDELITY = Setting(
-    name="fidelity", metavar="K|1/S|full|auto:SSIM", parse=parse_fidelity, format=format_fidelity,
+    name="fidelity", metavar="K|1/S|full|auto:SSIM", parse=parse_fidelity, format=format_fidelity, rank=rank_fidelity,
     help="JPEG records: present each as its first K scan groups, a smaller valid JPEG; 1/S: as its "
          "resolution tier 1/S (a baseline JPEG of the image downscaled S times, stored by pack --scales); "
          "auto:0.95 picks the smallest K whose mean SSIM reaches 0.95 (see 'fanfs fidelity')")
