@@ -105,8 +105,8 @@ class JpegRecords(RecordKind):
 
     def size(self, reader: Reader, entry: int, view: int) -> int:
         ix = reader.index
-        if is_tier(view):
-            return int(ix.blob_raw[int(ix.first[entry]) + int(ix.layers[entry]) + _slot(ix, view)])
+        if is_tier(view) and (blob := _tier_blob(ix, entry, view)) >= 0:  # else (a view no kind gave it): whole
+            return int(ix.blob_raw[blob])
         if view >= int(ix.layers[entry]):
             return int(ix.size[entry])
         first = int(ix.first[entry])
@@ -116,11 +116,9 @@ class JpegRecords(RecordKind):
         """The first ``view`` layers, then an EOI unless every layer is shown."""
         ix = reader.index
         first, layers = int(ix.first[entry]), int(ix.layers[entry])
-        if is_tier(view):
-            slot = _slot(ix, view)
-            blob = first + layers + slot
+        if is_tier(view) and (blob := _tier_blob(ix, entry, view)) >= 0:
             whole = offset == 0 and size >= int(ix.blob_raw[blob])
-            return reader.blob(entry, blob, layers + slot, keep=not whole)[offset:offset + size]
+            return reader.blob(entry, blob, blob - first, keep=not whole)[offset:offset + size]
         shown = min(view, layers)
         raw = ix.blob_raw
         parts = []
@@ -250,6 +248,13 @@ def _slot(index: Columns, value: int) -> int:
     scales = _scales(index)
     scale = value & ~TIER
     return scales.index(scale) if is_tier(value) and scale in scales else -1
+
+
+def _tier_blob(index: Columns, entry: int, view: int) -> int:
+    """The blob of the record's tier shown at ``view`` (a tier's code); -1 if the record has no such tier."""
+    slot = _slot(index, view)
+    layers = int(index.layers[entry])
+    return int(index.first[entry]) + layers + slot if slot >= 0 and int(index.count[entry]) > layers else -1
 
 
 def _scales_problem(index: Columns) -> str | None:
