@@ -236,6 +236,8 @@ def test_staged_at_a_quarter_copies_the_quarter_tiers_and_serves_them(tiered, tm
             assert (mnt / name).read_bytes() == store.read_file(name, view), name
         stats = json.loads(fanfs("stats", mnt, "--json").stdout)
         assert stats["staged"]["fidelity"] == QUARTER and stats["shared_bytes"] == 0
+        assert stats["notes"] == ["fidelity 1/4: 1 of 29 JPEG records have no such tier and are shown whole"]
+        assert "note       fidelity 1/4: 1 of 29" in fanfs("stats", mnt).stdout
         fanfs("ctl", mnt, "--fidelity", "1/2")  # not nested: 1/2 comes from the shared store
         for name in names:
             assert (mnt / name).read_bytes() == store.read_file(name, HALF), name  # untiered: whole

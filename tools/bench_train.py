@@ -5,8 +5,8 @@ N real-photo JPEGs (``tools/photo_samples.py``) in 10 classes, read as a new use
 ImageFolder (PIL open + convert('RGB'), a random 64x64 crop, to tensor) through
 ``DataLoader(num_workers=4, batch_size=64, shuffle=True)``, one epoch, no model.  Images/s of that first
 epoch and MB read from storage, for the native originals, a mount of a plain store, and a mount of a
-progressive store at full, at the recommended K (``fanfs fidelity --min-ssim``) and at K=2: a fresh
-mount per epoch, the variants interleaved, the median of ``--repeat`` epochs, ratios vs native.
+progressive store (packed with resolution tiers, ``--scales 2,4``) at full, at the recommended K
+(``fanfs fidelity --min-ssim``), at K=2 and at the tiers 1/2 and 1/4: a fresh mount per epoch, the variants interleaved, the median of ``--repeat`` epochs, ratios vs native.
 Then the cost of PCR's gradient choice (``fanfs.train.choose_fidelity``) for a small CNN on that mount,
 untrained and after one epoch of training at full fidelity (measured only: the mount stays at full).
 """
@@ -84,7 +84,7 @@ def main() -> int:
         plain, progressive = work / "plain", work / "progressive"
         fanfs("pack", src, plain, "--quiet")
         script = ["--scan-script", args.scan_script] if args.scan_script else []
-        fanfs("pack", src, progressive, "--progressive-jpeg", *script, "--quiet")
+        fanfs("pack", src, progressive, "--progressive-jpeg", "--scales", "2,4", *script, "--quiet")
         curve = json.loads(fanfs("fidelity", progressive, "--sample", "200", "--min-ssim", str(args.min_ssim),
                                  "--json").stdout)
         recommended = curve["recommended"]
@@ -98,6 +98,8 @@ def main() -> int:
             variants[f"progressive K={recommended} (recommended)"] = (progressive, ["--fidelity", str(recommended)])
         if recommended != 2:
             variants["progressive K=2"] = (progressive, ["--fidelity", "2"])
+        for tier in ("1/2", "1/4"):
+            variants[f"tier {tier}"] = (progressive, ["--fidelity", tier])
         runs: dict[str, list[tuple[float, int]]] = {name: [] for name in variants}
         for r in range(args.repeat):
             wait_for_quiet(timeout=120)  # the box is shared: start each round of variants on a quiet machine
@@ -105,7 +107,7 @@ def main() -> int:
                 if store is None:
                     runs[name].append((epoch(src, args.workers, args.batch_size, r), source_bytes))
                     continue
-                mnt = work / f"mnt-{len(runs[name])}-{name.replace(' ', '_')}"
+                mnt = work / f"mnt-{len(runs[name])}-{name.replace(' ', '_').replace('/', '_')}"
                 with fanfs_mount(store, mnt, *options):
                     seconds = epoch(mnt, args.workers, args.batch_size, r)
                     read = json.loads(fanfs("stats", mnt, "--json").stdout)["bytes_stored_read"]

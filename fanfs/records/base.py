@@ -141,6 +141,10 @@ class RecordKind:
         a higher one's layers (JPEG scans, float planes)."""
         return view <= other
 
+    def presentation_notes(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> list[str]:
+        """What a mount's ``stats`` says of ``entries`` under ``presentation`` (e.g. how many lack the view asked for)."""
+        return []
+
     def blobs_read(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
         """The blobs that presenting ``entries`` (files of this kind) at ``presentation`` reads: what a
         node stages for a job at that presentation.  By default all of them."""
@@ -273,6 +277,13 @@ def offered(index: Columns, name: str) -> list[int]:
     values = {value for kind_id, kind in _REGISTRY.items() if kind.setting is not None and kind.setting.name == name
               for value in kind.offered(index, files[index.record[files] == kind_id])}
     return sorted(values, key=_settings.setting(name).rank)
+
+
+def presentation_notes(index: Columns, presentation: Presentation) -> list[str]:
+    """What every kind says of its files under ``presentation`` (``fanfs stats``)."""
+    files = np.flatnonzero(index.type == 1)
+    return [note for kind_id, kind in _REGISTRY.items()
+            for note in kind.presentation_notes(index, files[index.record[files] == kind_id], presentation)]
 
 
 def pack_kinds(options: Mapping[str, Any], plan_records: Mapping[str, Mapping[str, Any]]) -> list[RecordKind]:

@@ -85,6 +85,14 @@ class JpegRecords(RecordKind):
             return np.where(tiered & (_slot(index, k) >= 0), k, FULL).astype(np.int64)
         return np.where(index.layers[entries] > k, k, FULL).astype(np.int64)
 
+    def presentation_notes(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> list[str]:
+        value = presentation[FIDELITY.name]
+        if not is_tier(value) or not entries.size:
+            return []
+        whole = int((self.views(index, entries, presentation) == FULL).sum())
+        return [f"fidelity {format_fidelity(value)}: {whole:,} of {entries.size:,} JPEG records have no such tier and "
+                "are shown whole"] if whole else []
+
     def reads_within(self, view: int, other: int) -> bool:
         """A tier is read by its own view alone: K views (and full) read scans, never a tier."""
         if is_tier(view) or is_tier(other):
