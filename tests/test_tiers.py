@@ -253,3 +253,43 @@ def test_fsspec_takes_a_tier(tiered):
         view = store.view(store.lookup(name.encode()), Presentation(fidelity=QUARTER))
         expected = store.read_file(name, view)
         assert fs.size(name) == len(expected) and fs.cat(name) == expected, name
+
+
+def test_a_job_passes_tiers_on_as_written():
+    """``job run``: FANFS_FIDELITY=1/4 is parsed once and handed to every node as text, then parsed back."""
+    from fanfs.cli.presentation import as_text
+    assert as_text(parse_all({"fidelity": "1/4"})) == {"fidelity": "1/4"}
+    assert parse_all(as_text({"fidelity": HALF})) == {"fidelity": HALF}
+
+
+@pytest.mark.slow
+def test_fidelity_reports_each_tier_like_a_k(tiered):
+    src, store_path, plain = tiered
+    report = json.loads(fanfs("fidelity", store_path, "--sample", "12", "--timed", "4", "--source", src,
+                              "--json").stdout)
+    rows = {row["fidelity"]: row for row in report["tiers"]}
+    assert set(rows) == {"1/2", "1/4"} and report["recommended"] != HALF
+    for tier, row in rows.items():
+        assert row["records"] >= 10 and 0 < row["bytes_fraction"] < 0.5 and row["ssim"] >= 0.85, row
+        assert row["decode_vs_full"] > 0 and row["decode_vs_source"] > 0, row  # measured (never asserted on: timing)
+    assert rows["1/4"]["bytes_fraction"] < rows["1/2"]["bytes_fraction"]
+    text = fanfs("fidelity", store_path, "--sample", "12", "--timed", "0").stdout
+    assert " 1/2 " in text and " 1/4 " in text and "resolution tier" in text
+    assert json.loads(fanfs("fidelity", plain, "--sample", "5", "--timed", "0", "--json").stdout)["tiers"] == []
+
+
+@pytest.mark.slow
+def test_a_schedule_rises_from_the_tiers_to_full(tiered, mount):
+    from fanfs.serve.control import request
+    from fanfs.train import fidelity_schedule
+    _, store_path, _ = tiered
+    with mount(store_path) as mnt:
+        schedule = fidelity_schedule(mnt, ["1/4", "1/2", 4, "full"], patience=1)
+        assert schedule.levels == [QUARTER, HALF, 4, FULL]
+        shown = [schedule.start()]
+        for _ in range(6):
+            if schedule.step(1.0) is not None:  # no improvement after the first: one level up per step
+                shown.append(request(mnt, {"cmd": "status"})["fidelity"])
+        assert shown == [QUARTER, HALF, 4, FULL]
+        with pytest.raises(Exception, match="increasing"):
+            fidelity_schedule(mnt, ["1/2", "1/4"])
