@@ -69,8 +69,8 @@ class JpegRecords(RecordKind):
         held = _scales(index)
         if _slot(index, value) >= 0 and (index.count[entries] > index.layers[entries]).any():
             return None
-        offered = f"it holds {', '.join(f'1/{s}' for s in held)}" if held else "pack with --scales to store tiers"
-        return f"fidelity {format_fidelity(value)}: this store has no such resolution tier ({offered})"
+        hint = f"it holds {', '.join(f'1/{s}' for s in held)}" if held else "pack with --scales to store tiers"
+        return f"fidelity {format_fidelity(value)}: this store has no such resolution tier ({hint})"
 
     def view(self, index: Columns, entry: int, presentation: Presentation) -> int:
         k = presentation[FIDELITY.name]

@@ -92,7 +92,7 @@ def add_pack_options(add: AddOption) -> None:
     add("--scales", type=parse_scales, metavar="S,S",
         help="also store each JPEG record's image downscaled by each factor S (2,4: half and quarter "
              "resolution) as a baseline JPEG, presented at --fidelity 1/S: decodes several times faster "
-             "than the original, costs ~+25%% (1/2) and ~+8%% (1/4) of the store (README, 'Resolution "
+             "than the original, costs ~+33%% (1/2) and ~+11%% (1/4) of the store (README, 'Resolution "
              "tiers'; implies --progressive-jpeg; default: none)")
 
 
