@@ -397,11 +397,17 @@ def test_remote_reads_carry_only_the_layers_the_fidelity_needs(tmp_path):
     store = tmp_path / "store"
     fanfs("pack", tmp_path / "src", store, "--progressive-jpeg", "--shard-size", "64K", "--quiet")
     local = Store(str(store))
+    placement = place(local.index.blob_stored, NODES, 1)
+    entries = [local.lookup(p.encode()) for p in photos]
     with Job(store, tmp_path, 1, "--stage", "--fidelity", "2") as job:
         for rank, mnt in enumerate(job.mounts):
             assert [(mnt / p).read_bytes() for p in photos] == [local.read_file(p, 2) for p in photos]
             stats = job.stats(rank)
             assert len(stats["stored_by_layer"]) <= 2 and stats["cluster"]["remote_bytes"] > 0, stats
+            remote = [e for e in entries
+                      if not placement.holds_range(rank, int(local.index.first[e]), min(2, int(local.index.layers[e])))]
+            # a remote photo's two layers come in one round trip (but at the edge of two nodes' ranges)
+            assert len(remote) <= stats["cluster"]["remote_requests"] <= len(remote) + 1, stats
     local.close()
 
 
@@ -429,7 +435,7 @@ for address in sys.argv[2:]:
     target = (host, int(port))
     for rank in range(4):  # the old protocol's hello and BYE, then the new hello with a guessed proof and a BYE
         for attempt in (b"FANFSPR1" + os.urandom(32) + store_id + rank.to_bytes(4, "little") + bytes([2]) + bytes(8),
-                        b"FANFSPR2" + store_id + rank.to_bytes(4, "little") + bytes(4) + os.urandom(32 + 32 + 25)):
+                        b"FANFSPR3" + store_id + rank.to_bytes(4, "little") + bytes(4) + os.urandom(32 + 32 + 25)):
             try:
                 with socket.create_connection(target, timeout=2) as sock:
                     sock.sendall(attempt)

@@ -24,7 +24,7 @@ from fanfs_command import fanfs
 from fanfs.cluster import peerserver
 from fanfs.cluster.peer import PeerClient, listen
 from fanfs.cluster.peerserver import PeerServer
-from fanfs.cluster.peerwire import (BYE, CLIENT_PROOF, HELLO, MAGIC, OK, REPLY, REQUEST, SERVER_PROOF,
+from fanfs.cluster.peerwire import (BYE, CLIENT_PROOF, HELLO, MAGIC, MAX_RUN, OK, REPLY, REQUEST, SERVER_PROOF,
                                     NodeKey, ServerHandshake, connect)
 from fanfs.cluster.placement import place
 from fanfs.store import Store
@@ -85,6 +85,26 @@ def test_what_must_not_be_served_is_refused(served):
     for blob, why in ((theirs, "not held by this node"), (10**9, "no blob")):
         with pytest.raises(OSError, match=why):
             c.read(1, blob)
+
+
+def test_a_run_of_blobs_is_one_round_trip_and_checked_whole(served):
+    store, placement, server, _ = served
+    held = mine(store, placement)
+    first, count = held[0], min(MAX_RUN, len(held))
+    c = client(server, store)
+    before = server.stats()["served_requests"]
+    run = c.read(1, first, count)
+    assert run == b"".join(c.read(1, blob) for blob in range(first, first + count))
+    assert server.stats()["served_requests"] == before + 1 + count
+    assert first > 0 and not placement.holds(1, first - 1)
+    for blob, n, why in ((first, 0, "a run of 0 blobs"), (first, MAX_RUN + 1, f"a run of {MAX_RUN + 1} blobs"),
+                         (first - 1, 2, "not held"), (store.index.blob_offset.size - 1, 2, "no blob")):
+        with pytest.raises(OSError, match=why):
+            c.read(1, blob, n)
+    short = PeerClient([("127.0.0.1", 1), server.address], PUBLICS, 0, KEYS[0], store.id,
+                       store.index.blob_stored + 1, 5.0)  # a client that expects one byte more per blob
+    with pytest.raises(OSError, match="announced"):
+        short.read(1, first, 2)
 
 
 def raw_hello(store, rank=0, server=1, magic=MAGIC) -> bytes:
@@ -239,7 +259,7 @@ def test_bye_only_from_a_member(served):
     store, _, server, byes = served
     sock, channel = connect(server.address, KEYS[0], PUBLICS[1], store.id, 0, 1, time.monotonic() + 5)
     with sock:
-        sock.sendall(channel.seal(REQUEST.pack(BYE, 0)))
+        sock.sendall(channel.seal(REQUEST.pack(BYE, 0, 0)))
         assert closed(sock)
     assert byes == [0]
     byes.clear()

@@ -91,17 +91,18 @@ class PeerClient:
             return connect(self.endpoints[peer], self._key, self.publics[peer], self._store_id, self.rank, peer,
                            deadline)
 
-    def read(self, holder: int, blob: int) -> bytes:
-        """The stored bytes of ``blob`` from ``holder``; OSError (EIO, ETIMEDOUT) if it cannot give them."""
+    def read(self, holder: int, blob: int, count: int = 1) -> bytes:
+        """The stored bytes of blobs ``blob .. blob + count - 1`` (one file's, in one shard) from ``holder``, back to
+        back, in one round trip; OSError (EIO, ETIMEDOUT) if it cannot give them."""
         if time.monotonic() < self._skip_until.get(holder, 0.0):
             raise TimeoutError(errno.ETIMEDOUT, f"rank {holder} did not answer lately; skipped")
         started = time.perf_counter()
         deadline = time.monotonic() + self.timeout
-        expected = int(self._stored[blob]) if 0 <= blob < self._stored.size else 0
+        expected = int(self._stored[blob:blob + count].sum()) if 0 <= blob < self._stored.size else 0
         sock = None
         try:
             sock, channel = self._channel(holder, deadline)
-            sock.sendall(channel.seal(REQUEST.pack(READ, blob)))
+            sock.sendall(channel.seal(REQUEST.pack(READ, blob, count)))
             status, length = REPLY.unpack(channel.open(recv_exactly(sock, REPLY_FRAME, deadline)))
             if status == OK and length != expected or status != OK and length > MAX_REASON:
                 raise Untrusted(f"rank {holder} announced {length} bytes for blob {blob} of {expected}")
@@ -168,7 +169,7 @@ class PeerClient:
             sock, channel = connect(self.endpoints[peer], self._key, self.publics[peer], self._store_id, self.rank,
                                     peer, time.monotonic() + BYE_SECONDS)
             with sock:
-                sock.sendall(channel.seal(REQUEST.pack(BYE, 0)))
+                sock.sendall(channel.seal(REQUEST.pack(BYE, 0, 0)))
         except OSError:
             pass
 
@@ -200,6 +201,18 @@ class RemoteBlobs(ShardSource):
         if self.choice >= len(holders):
             raise NotHeld(f"blob {blob} has no further holder")
         return self.client.read(holders[self.choice], blob)
+
+    def read_run(self, first: int, count: int) -> bytes:
+        """Blobs ``first .. first + count - 1`` of one file from this choice of holder, back to back, in one round
+        trip (NotHeld as :meth:`read`; the store splits and checks them)."""
+        if not self.staged[first:first + count].all():
+            raise NotHeld(f"blobs {first}+{count} are not all in layers a node staged")
+        if self.placement.primary(first) != self.placement.primary(first + count - 1):
+            raise NotHeld(f"blobs {first}+{count} lie at the edge of two nodes' ranges")
+        holders = self.placement.remote_holders(first, self.client.rank)
+        if self.choice >= len(holders):
+            raise NotHeld(f"blob {first} has no further holder")
+        return self.client.read(holders[self.choice], first, count)
 
 
 def remote_sources(client: PeerClient, placement: Placement, staged: np.ndarray) -> list[RemoteBlobs]:

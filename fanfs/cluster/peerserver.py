@@ -1,7 +1,7 @@
 """A node's blob server for its peers: what it serves, to whom, and with bounded resources.
 
 It serves only whole blobs of its own store that it holds (placement gave them to it and the job
-staged their layer), located by the index (a client names a blob, never a byte range), and only to a
+staged their layer), located by the index (a client names blobs, never a byte range), and only to a
 member of the job (:mod:`.peerwire`).  Nothing another user on the node or the network does can make
 it use more than a fixed amount of memory, descriptors and threads, or stop it serving:
 
@@ -41,8 +41,8 @@ import numpy as np
 from ..errors import FanfsError
 from ..store.format import shard_name
 from ..store.sources import HeldShards
-from .peerwire import BYE, FAILED, MAX_REASON, OK, READ, REFUSED, REPLY, REQUEST, REQUEST_FRAME, Channel, NodeKey, \
-    ServerHandshake, Untrusted
+from .peerwire import BYE, FAILED, MAX_REASON, MAX_RUN, MAX_RUN_BYTES, OK, READ, REFUSED, REPLY, REQUEST, \
+    REQUEST_FRAME, Channel, NodeKey, ServerHandshake, Untrusted
 
 log = logging.getLogger("fanfs")
 
@@ -261,11 +261,11 @@ class PeerServer:
     def _request(self, conn: _Conn, message: bytes) -> bool:
         """Answer one request: the blob's sealed bytes or a refusal; whether the connection stays."""
         assert conn.channel is not None
-        kind, blob = REQUEST.unpack(conn.channel.open(message))
+        kind, blob, count = REQUEST.unpack(conn.channel.open(message))
         if kind == BYE:
             self.on_bye(conn.peer)
             return False
-        status, payload = self._answer(conn.peer, kind, blob)
+        status, payload = self._answer(conn.peer, kind, blob, count)
         header, body = conn.channel.seal(REPLY.pack(status, len(payload))), conn.channel.seal(payload)
         try:
             try:
@@ -282,40 +282,51 @@ class PeerServer:
             return False  # the reader went away or stopped reading: its connection goes
         return True
 
-    def _answer(self, rank: int, kind: int, blob: int) -> tuple[int, bytes]:
-        """The blob's stored bytes, or a refusal with its reason."""
-        reason = self._refusal(kind, blob)
+    def _answer(self, rank: int, kind: int, first: int, count: int) -> tuple[int, bytes]:
+        """The stored bytes of blobs ``first .. first + count - 1``, back to back, or a refusal with its reason."""
+        reason = self._refusal(kind, first, count)
         if reason:
             with self._lock:
                 self.refused += 1
                 self._warn.warn("request", "refused a request from rank %d: %s", rank, reason)
             return REFUSED, reason.encode()[:MAX_REASON]
         ix = self.index
-        shard, offset, length = self.locate.shard(blob), int(ix.blob_offset[blob]), int(ix.blob_stored[blob])
+        shard = self.locate.shard(first)
+        parts = []
         try:
-            data = self.local.read(blob, shard, offset, length)
-            if len(data) != length:
-                raise OSError(errno.EIO, f"short read ({len(data)} of {length} bytes)")
+            for blob in range(first, first + count):
+                offset, length = int(ix.blob_offset[blob]), int(ix.blob_stored[blob])
+                data = self.local.read(blob, shard, offset, length)
+                if len(data) != length:
+                    raise OSError(errno.EIO, f"short read of blob {blob} ({len(data)} of {length} bytes)")
+                parts.append(data)
         except (OSError, FanfsError) as err:
             with self._lock:
                 self.failed += 1
-                self._warn.warn("failed", "cannot serve blob %d (shard %s) to rank %d: %s", blob, shard_name(shard),
+                self._warn.warn("failed", "cannot serve blob %d (shard %s) to rank %d: %s", first, shard_name(shard),
                                 rank, err)
             return FAILED, str(err).encode()[:MAX_REASON]
+        payload = parts[0] if count == 1 else b"".join(parts)
         with self._lock:
             self.served_requests += 1
-            self.served_bytes += length
-        return OK, data
+            self.served_bytes += len(payload)
+        return OK, payload
 
-    def _refusal(self, kind: int, blob: int) -> str:
+    def _refusal(self, kind: int, first: int, count: int) -> str:
         if kind != READ:
             return f"unknown request kind {kind}"
-        if blob >= self.index.blob_offset.size:
-            return f"no blob {blob} in this store"
-        if not self.local.held[blob]:
-            return f"blob {blob} is not held by this node (placed elsewhere, or in a layer not staged)"
-        if not int(self.index.blob_stored[blob]):
-            return f"blob {blob} is a hole: nothing to send"
+        if not 1 <= count <= MAX_RUN:
+            return f"a run of {count} blobs (1 to {MAX_RUN} may be asked at once)"
+        if first + count > self.index.blob_offset.size:
+            return f"no blob {first + count - 1} in this store"
+        run, named = slice(first, first + count), f"blob {first}" if count == 1 else f"blobs {first}..{first + count - 1}"
+        if not self.local.held[run].all():
+            return f"{named}: not held by this node (placed elsewhere, or in a layer not staged)"
+        if not self.index.blob_stored[run].all():
+            return f"{named}: a hole, nothing to send"
+        if count > 1 and (self.locate.shard(first) != self.locate.shard(first + count - 1)
+                          or int(self.index.blob_stored[run].sum()) > MAX_RUN_BYTES):
+            return f"{named}: span shards or more than {MAX_RUN_BYTES >> 20} MiB"
         return ""
 
     # --- deadlines and the end of connections (callers hold the lock) ------------------------------

@@ -40,19 +40,21 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ..util.sockets import recv_exactly
 
-MAGIC = b"FANFSPR2"
+MAGIC = b"FANFSPR3"  # 3: a READ names a run of blobs
 NONCE = 32
 HELLO = struct.Struct(f"<8s16sII{NONCE}s")  # magic, store id, client rank, server rank, client nonce
 SERVER_PROOF = struct.Struct(f"<{NONCE}s32s")  # server nonce, server MAC
 CLIENT_PROOF = struct.Struct("<32s")
 TAG = 16  # GCM tag bytes added to every frame
-REQUEST = struct.Struct("<BQ")  # kind, blob
+REQUEST = struct.Struct("<BQH")  # kind, first blob, blob count (a run of one file's blobs, one round trip)
 REPLY = struct.Struct("<BI")  # status, length of the payload frame's content
 REQUEST_FRAME = REQUEST.size + TAG
 REPLY_FRAME = REPLY.size + TAG
 READ, BYE = 1, 2
 OK, REFUSED, FAILED = 0, 1, 2
 MAX_REASON = 1024
+MAX_RUN = 64  # blobs one READ may name: a JPEG record's layers, at most
+MAX_RUN_BYTES = 64 << 20  # and their stored bytes
 
 
 class Untrusted(ConnectionError):

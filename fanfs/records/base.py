@@ -135,6 +135,12 @@ class RecordKind:
         """Bytes ``[offset, offset + size)`` of the file as presented at ``view``."""
         raise NotImplementedError
 
+    def blob_run(self, index: Columns, entry: int, view: int, offset: int, size: int) -> tuple[int, int]:
+        """The blobs ``(first, count)`` that reading bytes ``[offset, offset + size)`` at ``view`` asks for one after
+        another: a node that lacks them fetches them from a peer in one round trip.  By default ``(0, 0)``: one
+        at a time, as asked."""
+        return (0, 0)
+
     def reads_within(self, view: int, other: int) -> bool:
         """Whether a file of this kind shown at ``view`` reads only blobs it reads when shown at ``other`` (a node
         serves a read from its staged layers alone).  Views are nested by default: a lower one reads a prefix of

@@ -120,6 +120,18 @@ class JpegRecords(RecordKind):
         first = int(ix.first[entry])
         return int(ix.blob_raw[first:first + view].sum()) + len(EOI)
 
+    def blob_run(self, index: Columns, entry: int, view: int, offset: int, size: int) -> tuple[int, int]:
+        """The layers among the first ``view`` that bytes ``[offset, offset + size)`` touch: consecutive blobs."""
+        first, shown = int(index.first[entry]), min(view, int(index.layers[entry]))
+        start = end = pos = 0
+        for layer, length in enumerate(index.blob_raw[first:first + shown].tolist()):
+            if pos + length <= offset:
+                start = layer + 1
+            if pos < offset + size:
+                end = layer + 1
+            pos += length
+        return (first + start, max(0, end - start))
+
     def read(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> bytes:
         """The first ``view`` layers, then an EOI unless every layer is shown."""
         ix = reader.index
