@@ -109,6 +109,8 @@ def test_full_is_pixel_exact_and_tiers_are_the_image_reduced(tiered):
                 assert im.format == "JPEG" and not im.info.get("progressive") and im.getexif().get(0x0112) == orientation
             reduced = np.asarray(Image.open(io.BytesIO(original)).reduce(scale))
             ssims[scale].append(similarity(reduced, pixels(data))[0])
+            assert store.kind(entry).blob_run(store.index, entry, view, 0, len(data)) == (
+                int(store.index.first[entry] + store.index.layers[entry]) + scale // 4, 1)  # a peer is asked for the tier
         for k in (1, 2):  # K views unchanged by the tiers
             assert store.read_file(name, k) == Store(str(plain)).read_file(name, k)
     for scale, values in ssims.items():  # the source's quantization at a quarter of the pixels: ~0.95 on average

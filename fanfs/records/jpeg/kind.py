@@ -121,7 +121,10 @@ class JpegRecords(RecordKind):
         return int(ix.blob_raw[first:first + view].sum()) + len(EOI)
 
     def blob_run(self, index: Columns, entry: int, view: int, offset: int, size: int) -> tuple[int, int]:
-        """The layers among the first ``view`` that bytes ``[offset, offset + size)`` touch: consecutive blobs."""
+        """The layers among the first ``view`` that bytes ``[offset, offset + size)`` touch: consecutive blobs; at a
+        tier, its one blob."""
+        if is_tier(view) and (blob := _tier_blob(index, entry, view)) >= 0:
+            return (blob, 1)
         first, shown = int(index.first[entry]), min(view, int(index.layers[entry]))
         start = end = pos = 0
         for layer, length in enumerate(index.blob_raw[first:first + shown].tolist()):
