@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (common_args, fanfs, fanfs_mount, load_average, median, table, temp_dir,  # noqa: E402
                       wait_for_quiet, write_json)
 
-from photo_samples import make_photo_set  # noqa: E402
+from photo_samples import make_jpegs, make_photo_set  # noqa: E402
 from photo_folder import PhotoFolder  # noqa: E402
 
 from fanfs.records import FULL  # noqa: E402
@@ -58,11 +58,17 @@ def epoch(root: Path, workers: int, batch_size: int, seed: int, model: torch.nn.
     return time.perf_counter() - started
 
 
-def make_photos(src: Path, count: int) -> int:
-    """``count`` photos in CLASSES folders (one process per class); returns their total bytes."""
+def make_photos(src: Path, count: int, size_kb: int | None) -> int:
+    """``count`` photos in CLASSES folders (one process per class; ``size_kb``: colour 4:2:0 ones of about that size
+    instead of the mixed set); returns their total bytes."""
     per_class = count // CLASSES
-    with mp.get_context("fork").Pool(os.cpu_count() or 1) as pool:
-        pool.starmap(make_photo_set, [(src / f"class{c:02d}", per_class, c) for c in range(CLASSES)])
+    if size_kb is None:
+        with mp.get_context("fork").Pool(os.cpu_count() or 1) as pool:
+            pool.starmap(make_photo_set, [(src / f"class{c:02d}", per_class, c) for c in range(CLASSES)])
+    else:
+        for i, data in enumerate(make_jpegs(per_class * CLASSES, size_kb * 1024)):
+            (src / f"class{i % CLASSES:02d}").mkdir(parents=True, exist_ok=True)
+            (src / f"class{i % CLASSES:02d}" / f"img{i:06d}.jpg").write_bytes(data)
     return sum(p.stat().st_size for p in src.rglob("*.jpg"))
 
 
@@ -75,11 +81,13 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="fresh-mount epochs per variant; the median is shown")
     parser.add_argument("--min-ssim", type=float, default=0.95, help="SSIM bar of the recommended K (default 0.95)")
     parser.add_argument("--scan-script", help="passed to 'fanfs pack --scan-script' (default: pack's default)")
+    parser.add_argument("--size-kb", type=int, help="colour 4:2:0 photos of about this size instead of the mixed set "
+                                                    "(250-500 px crops): a decode-bound loader")
     args = parser.parse_args()
 
     with temp_dir(args.workdir, "bench-train-") as work:
         src = work / "src"
-        source_bytes = make_photos(src, args.images)
+        source_bytes = make_photos(src, args.images, args.size_kb)
         images = len(PhotoFolder(src, CROP))
         plain, progressive = work / "plain", work / "progressive"
         fanfs("pack", src, plain, "--quiet")
