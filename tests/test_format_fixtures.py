@@ -4,7 +4,8 @@
 file, a three-chunk file, a sparse file, two JPEG records, a symlink and an empty directory, in four
 shards.  ``format2`` and ``format2-elf`` (written by ``tests/fixtures/make_format2.py``) add float
 records, lossless and ELF within 1e-4: real weights (silero-vad), every float dtype, NaN, inf,
-denormals, a two-chunk array, a fallback.  Each manifest holds every entry's type, mode, mtime, size
+denormals, a two-chunk array, a fallback.  ``format3`` (``tests/fixtures/make_format3.py``) holds JPEG records
+with resolution tiers 1/2 and 1/4 (``sha256_tiers``: each record's bytes at each tier).  Each manifest holds every entry's type, mode, mtime, size
 and sha256 (at every view for the records: fidelity K, or precision 8k).  A format change must keep this passing (a reader for the old format) or refuse the
 store with one clear line; it must never read it differently.
 """
@@ -21,13 +22,14 @@ import numpy as np
 import pytest
 from fanfs_command import fanfs
 
+from fanfs.records import Presentation, parse
 from fanfs.util.images import decode_pixels
 from fanfs.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="module", params=["format1", "format2", "format2-elf"])
+@pytest.fixture(scope="module", params=["format1", "format2", "format2-elf", "format3"])
 def fixture(request):
     base = FIXTURES / request.param
     return base / "store", json.loads((base / "manifest.json").read_text()), base / "originals"
@@ -45,6 +47,9 @@ def test_fixture_reads_in_process(fixture):
             assert hashlib.sha256(s.read_file(path)).hexdigest() == want["sha256"], path
             for k, digest in want.get("sha256_at", {}).items():
                 assert hashlib.sha256(s.read_file(path, int(k))).hexdigest() == digest, (path, k)
+            for tier, digest in want.get("sha256_tiers", {}).items():
+                view = s.view(entry, Presentation(fidelity=parse("fidelity", tier)))
+                assert hashlib.sha256(s.read_file(path, view)).hexdigest() == digest, (path, tier)
         if "target" in want:
             assert s.readlink(entry).decode() == want["target"]
     for original in originals.iterdir():
@@ -80,3 +85,8 @@ def test_fixture_verifies_and_mounts(fixture, mount):
                     expected = want["sha256_at"].get(str(k), want["sha256"])
                     assert hashlib.sha256((mnt / path).read_bytes()).hexdigest() == expected, (path, setting, k)
             fanfs("ctl", mnt, f"--{setting}", "full")
+        tiers = {p: w["sha256_tiers"] for p, w in entries.items() if "sha256_tiers" in w}
+        for tier in sorted({t for digests in tiers.values() for t in digests}):
+            fanfs("ctl", mnt, "--fidelity", tier)
+            for path, digests in tiers.items():
+                assert hashlib.sha256((mnt / path).read_bytes()).hexdigest() == digests[tier], (path, tier)

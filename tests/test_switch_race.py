@@ -25,7 +25,8 @@ from PIL import Image
 
 from fanfs.serve.control import request
 from fanfs.records.floats import FloatRecords
-from fanfs.records.jpeg import JpegRecords
+from fanfs.records import Presentation
+from fanfs.records.jpeg import FIDELITY, JpegRecords
 from fanfs.store import FULL, Store
 
 pytestmark = pytest.mark.slow  # see README, 'Tests'
@@ -156,3 +157,35 @@ def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monke
     print(f"{reads} reads by 6 processes, {switches} switches: {len(problems)} torn or unloadable")
     assert switches >= 10 and reads >= 500
     assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"
+
+
+def test_no_torn_read_while_fidelity_switches_among_tiers_and_scans(tmp_path, mount, monkeypatch):
+    """Issue 20: the same promises with resolution tiers in the cycle (1/4, K, full, 1/2: views that are not nested)."""
+    src = tmp_path / "src"
+    make_photo_set(src, 40)
+    store = tmp_path / "store"
+    fanfs("pack", src, store, "--scales", "2,4", "--shard-size", "1M", "--quiet")
+    half, quarter = (FIDELITY.parse(text) for text in ("1/2", "1/4"))
+    s = Store(str(store))
+    names = sorted(p.name for p in src.iterdir())
+    valid: dict[str, set[int]] = {}
+    for name in names:
+        entry = s.lookup(name.encode())
+        views = [s.view(entry, Presentation(fidelity=value)) for value in (half, quarter)]
+        assert views == [half, quarter]  # every photo has its tiers
+        valid[name] = _digests(s, entry, [*range(1, int(s.index.layers[entry]) + 1), *views])
+    s.close()
+    monkeypatch.setenv("FANFS_DEBUG_INVALIDATE_DELAY", "0.003")
+    cycle = [{"fidelity": value} for value in (quarter, 3, FULL, half, 1, quarter, half, FULL)]
+    with mount(store, "--fidelity", "1/2", "--workers", "2") as mnt:
+        reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"), cycle, 8, SECONDS, 0.2)
+        print(f"{reads} reads by 8 processes, {switches} switches among tiers and scans: {len(problems)} wrong")
+        assert switches >= 10 and reads >= 1000
+        assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"
+        request(mnt, {"cmd": "present", "fidelity": quarter}, timeout=60)
+        s = Store(str(store))
+        for name in names:
+            expected = s.read_file(name, quarter)
+            with open(mnt / name, "rb") as f:
+                assert os.fstat(f.fileno()).st_size == len(expected) and f.read() == expected, name
+        s.close()

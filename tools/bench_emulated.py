@@ -12,7 +12,8 @@ leave out the decode (what the network and the file systems deliver).  Variants,
   the nodes' local dirs by ``fanfs stage`` over that same path, at full and at the recommended K
   (``fanfs fidelity``, SSIM 0.95), then read through each node's fanfs mount (a node's peers serve,
   over the node links, the blobs it does not hold); ``fanfs_plain``: the same with a store packed with
-  the defaults (no progressive records), read at full;
+  the defaults (no progressive records), read at full; ``fanfs_half``: a store of progressive records with
+  a half-resolution tier (``pack --scales 2``), staged and read at ``--fidelity 1/2``;
 * ``local``: the originals read from the host's tmpfs, no network at all: the CPU's ceiling here.
 
 Images/s per node and in total (median of ``--repeat``), staging seconds and bytes (per node, and what
@@ -39,9 +40,10 @@ from bench_cluster import job, make_tree, mpi_fanfs
 from emucluster import Cluster, emulated_cluster, rate_bits
 
 # The fanfs rows: (key, store, presentation), staged and mounted alike.  "store" holds progressive records,
-# "plain" the same images packed with the defaults (what a job that reads only at full would use).
-# A resolution tier's row goes here once tiers exist (a store packed with tiers, its tier as presentation).
-VARIANTS = (("fanfs_plain", "plain", "full"), ("fanfs_full", "store", "full"), ("fanfs_k", "store", "K"))
+# "plain" the same images packed with the defaults (what a job that reads only at full would use), "tiers"
+# progressive records with a half-resolution tier (what a job training at low resolution would use).
+VARIANTS = (("fanfs_plain", "plain", "full"), ("fanfs_full", "store", "full"), ("fanfs_k", "store", "K"),
+            ("fanfs_half", "tiers", "1/2"))
 MODES = {"decode": "img_s", "read": "read_img_s"}  # mode -> suffix of its JSON keys
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 
@@ -118,7 +120,7 @@ def measure_point(cluster: Cluster, export: Path, rels: list[str], k: int, args:
                   repeat: int) -> dict[str, Any]:
     """Every row at the cluster's current link settings: stagings, then ``repeat`` rounds of epochs, the
     variants interleaved in each round (so that the load of a shared box weighs on all alike)."""
-    fidelity = {"full": "full", "K": str(k)}
+    fidelity = {"full": "full", "K": str(k), "1/2": "1/2"}
     stagings: dict[str, list] = {}
     for _ in range(repeat):
         for key, store, presentation in VARIANTS:
@@ -171,7 +173,7 @@ def plot(points: list[dict[str, Any]], path: str) -> None:
     mbit = [p["links"]["storage_link_bits"] / 1e6 for p in points]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.6), gridspec_kw={"width_ratios": [3, 2]})
     for key, colour in (("direct", "tab:red"), ("fanfs_plain", "tab:purple"), ("fanfs_full", "tab:blue"),
-                        ("fanfs_k", "tab:green"), ("local", "gray")):
+                        ("fanfs_k", "tab:green"), ("fanfs_half", "tab:orange"), ("local", "gray")):
         for mode, style in (("decode", "-"), ("read", "--")):
             name = f"{key}_{MODES[mode]}"
             if all(name in p for p in points) and name != "local_read_img_s":  # tmpfs reads: off the scale
@@ -181,7 +183,7 @@ def plot(points: list[dict[str, Any]], path: str) -> None:
     ax.set(xscale="log", yscale="log", xlabel="shared file system (storage link) Mbit/s",
            ylabel="images/s, all nodes", title=f"{links['nodes']} emulated nodes on {links['link']} links, 2 cores in all")
     fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=5, fontsize=7, bbox_to_anchor=(0.5, -0.1))
-    for which, colour in (("plain", "tab:purple"), ("full", "tab:blue"), ("k", "tab:green")):
+    for which, colour in (("plain", "tab:purple"), ("full", "tab:blue"), ("k", "tab:green"), ("half", "tab:orange")):
         ax2.plot(mbit, [p[f"stage_{which}"]["wall_s"] for p in points], color=colour, marker="o",
                  label=f"stage {which}")
     ax2.set(xscale="log", yscale="log", xlabel="shared file system (storage link) Mbit/s", ylabel="staging s (whole job)",
@@ -206,6 +208,7 @@ def prepare(args: argparse.Namespace, export: Path) -> tuple[list[str], int, dic
     bl.run([*bl.FANFS, "pack", images, export / "store", "--progressive-jpeg", "--quiet"], timeout=7200)
     pack_s = time.perf_counter() - started
     bl.run([*bl.FANFS, "pack", images, export / "plain", "--quiet"], timeout=7200)
+    bl.run([*bl.FANFS, "pack", images, export / "tiers", "--progressive-jpeg", "--scales", "2", "--quiet"], timeout=7200)
     curve = json.loads(bl.run([*bl.FANFS, "fidelity", export / "store", "--sample", "100", "--timed", "0", "--json"]).stdout)
     k = curve["recommended"]
     if not isinstance(k, int):
@@ -261,6 +264,8 @@ def main() -> int:
     results.update({key: value for key, value in main_point.items()})
     results["stage_s_full"] = {"total": main_point["stage_full"]["wall_s"], "per_node": main_point["stage_full"]["per_node_s"]}
     results["stage_s_k"] = {"total": main_point["stage_k"]["wall_s"], "per_node": main_point["stage_k"]["per_node_s"]}
+    results["stage_s_half"] = {"total": main_point["stage_half"]["wall_s"],
+                               "per_node": main_point["stage_half"]["per_node_s"]}
     results["stage_bytes_full"] = {"total": main_point["stage_full"]["bytes"],
                                    "per_node": main_point["stage_full"]["per_node_bytes"],
                                    "storage_link": main_point["stage_full"]["storage_link_bytes"]}

@@ -9,7 +9,10 @@ random crops of shipped photos, 250-500 px, qualities 75-95, a seventh grayscale
    core) and run ``fanfs fidelity --source`` on a sample: bytes, SSIM and Pillow decode speed per K
    relative to the originals, and a table comparing the presets at full fidelity and at each one's
    recommended K (smallest K with mean SSIM >= ``--min-ssim``);
-2. on the first preset's store, for K = 1, 2, 5, the recommended K and full: a fresh mount at K,
+2. the first preset packed again with resolution tiers (``--scales``, default 2,4): the store's growth,
+   the bytes staged at each tier, and ``fanfs fidelity``'s tier rows (bytes, SSIM against the image
+   reduced as much, decode speed against the originals);
+3. on that store, for K = 1, 2, 5, the recommended K, full and each tier: a fresh mount at K,
    every image read once by 4 reader processes (a DataLoader's workers) and decoded by Pillow,
    reporting files/s, MB presented, MB read from storage and each as a ratio of full fidelity.
 """
@@ -72,11 +75,12 @@ def make_images(src: Path, count: int, size_kb: int | None) -> list[str]:
     return rels
 
 
-def measure_preset(src: Path, store: Path, preset: str, args: argparse.Namespace) -> dict:
-    """Pack with ``preset`` (timed) and measure its fidelity curve with decode speeds against ``src``."""
+def measure_preset(src: Path, store: Path, preset: str, args: argparse.Namespace, *pack: str) -> dict:
+    """Pack with ``preset`` (timed; ``pack``: more options) and measure its fidelity curve with decode speeds
+    against ``src``."""
     jobs = os.cpu_count() or 1
     started = time.perf_counter()
-    fanfs("pack", src, store, "--scan-script", preset, "--jobs", str(jobs), "--quiet")
+    fanfs("pack", src, store, "--scan-script", preset, "--jobs", str(jobs), *pack, "--quiet")
     seconds = time.perf_counter() - started
     info = json.loads(fanfs("info", store, "--json").stdout)
     options = ["--sample", str(args.sample), "--timed", str(args.timed), "--min-ssim", str(args.min_ssim),
@@ -85,7 +89,18 @@ def measure_preset(src: Path, store: Path, preset: str, args: argparse.Namespace
     curve = FidelityCurve(**{k: v for k, v in report.items() if k not in ("min_ssim", "recommended")})
     return {"pack_images_per_s_per_core": info["files"] / seconds / jobs,
             "full_bytes_vs_source": info["bytes_presented"] / info["bytes_in"], "curve": report,
-            "text": format_curve(curve, args.min_ssim)}
+            "stored_bytes": info["bytes_stored"], "text": format_curve(curve, args.min_ssim)}
+
+
+def tier_costs(store: Path, plain_bytes: int, tiers: list[str]) -> dict:
+    """What the tiers cost: the store's growth over ``plain_bytes`` (the same preset without tiers), and the share
+    of its stored bytes a node stages at each tier."""
+    out = {}
+    for tier in tiers:
+        staged = json.loads(fanfs("info", store, "--fidelity", tier, "--json").stdout)["staged"]
+        out[tier] = {"staged_bytes": staged["stored_bytes"], "staged_share": staged["stored_bytes"] / staged["full_stored_bytes"],
+                     "store_growth": staged["full_stored_bytes"] / plain_bytes - 1}
+    return out
 
 
 def preset_table(measured: dict[str, dict]) -> str:
@@ -116,6 +131,7 @@ def main() -> int:
     parser.add_argument("--sample", type=int, default=200, help="images sampled by 'fanfs fidelity' (default 200)")
     parser.add_argument("--min-ssim", type=float, default=0.95)
     parser.add_argument("--repeat", type=int, default=3, help="fresh-mount epochs per K; the median is shown")
+    parser.add_argument("--scales", default="2,4", help="resolution tiers of the first preset's second store (default 2,4)")
     args = parser.parse_args()
 
     with temp_dir(args.workdir, "bench-fidelity-") as work:
@@ -131,15 +147,23 @@ def main() -> int:
               f"{args.timed}; x orig = relative to the baseline originals; load {load_average()})")
         print(preset_table(measured))
         first = args.presets.split(",")[0]
-        store, curve = work / f"store-{first}", measured[first]["curve"]
+        store = work / f"store-{first}-tiers"
+        tiered = measure_preset(src, store, first, args, "--scales", args.scales)
+        tiers = [f"1/{s}" for s in args.scales.split(",")]
+        costs = tier_costs(store, measured[first]["stored_bytes"], tiers)
+        print(f"\n--scan-script {first} --scales {args.scales}\n{tiered['text']}")
+        print(table(["tier", "store growth", "staged share", "MB staged"],
+                    [[t, c["store_growth"], c["staged_share"], c["staged_bytes"] / 1e6] for t, c in costs.items()]))
+        curve = tiered["curve"]
         recommended = curve["recommended"]
-        ks = sorted({1, 2, 5, recommended} - {65535}) + ["full"]
+        ks = [*tiers, *sorted({1, 2, 5, recommended} - {65535}), "full"]
         runs: dict[str, list[tuple[float, int, int]]] = {str(k): [] for k in [*ks, "originals"]}
         for r in range(args.repeat):  # rounds over every K and the originals: load changes hit them alike
             for k in ks:
-                with fanfs_mount(store, work / f"mnt-{k}-{r}", "--fidelity", str(k)):
-                    seconds, presented = epoch(work / f"mnt-{k}-{r}", rels, args.workers)
-                    stats = json.loads(fanfs("stats", work / f"mnt-{k}-{r}", "--json").stdout)
+                mnt = work / f"mnt-{str(k).replace('/', '_')}-{r}"
+                with fanfs_mount(store, mnt, "--fidelity", str(k)):
+                    seconds, presented = epoch(mnt, rels, args.workers)
+                    stats = json.loads(fanfs("stats", mnt, "--json").stdout)
                 runs[str(k)].append((seconds, presented, stats["bytes_stored_read"]))
             runs["originals"].append((epoch(src, rels, args.workers)[0], 0, 0))
         results = {k: {"files_per_s": args.images / median([s for s, _, _ in v]), "mb_presented": v[0][1] / 1e6,
@@ -156,6 +180,7 @@ def main() -> int:
         print(table(["K", "files/s", "MB presented", "MB from storage", "x files/s", "x originals", "x presented",
                      "x storage"], rows))
         write_json(args.json, {"presets": {p: {k: v for k, v in m.items() if k != "text"} for p, m in measured.items()},
+                               "tiers": {"curve": tiered["curve"], "costs": costs},
                                "originals_files_per_s": native, "results": results})
     return 0
 

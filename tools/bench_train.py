@@ -5,8 +5,8 @@ N real-photo JPEGs (``tools/photo_samples.py``) in 10 classes, read as a new use
 ImageFolder (PIL open + convert('RGB'), a random 64x64 crop, to tensor) through
 ``DataLoader(num_workers=4, batch_size=64, shuffle=True)``, one epoch, no model.  Images/s of that first
 epoch and MB read from storage, for the native originals, a mount of a plain store, and a mount of a
-progressive store at full, at the recommended K (``fanfs fidelity --min-ssim``) and at K=2: a fresh
-mount per epoch, the variants interleaved, the median of ``--repeat`` epochs, ratios vs native.
+progressive store (packed with resolution tiers, ``--scales 2,4``) at full, at the recommended K
+(``fanfs fidelity --min-ssim``), at K=2 and at the tiers 1/2 and 1/4: a fresh mount per epoch, the variants interleaved, the median of ``--repeat`` epochs, ratios vs native.
 Then the cost of PCR's gradient choice (``fanfs.train.choose_fidelity``) for a small CNN on that mount,
 untrained and after one epoch of training at full fidelity (measured only: the mount stays at full).
 """
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (common_args, fanfs, fanfs_mount, load_average, median, table, temp_dir,  # noqa: E402
                       wait_for_quiet, write_json)
 
-from photo_samples import make_photo_set  # noqa: E402
+from photo_samples import make_jpegs, make_photo_set  # noqa: E402
 from photo_folder import PhotoFolder  # noqa: E402
 
 from fanfs.records import FULL  # noqa: E402
@@ -58,11 +58,17 @@ def epoch(root: Path, workers: int, batch_size: int, seed: int, model: torch.nn.
     return time.perf_counter() - started
 
 
-def make_photos(src: Path, count: int) -> int:
-    """``count`` photos in CLASSES folders (one process per class); returns their total bytes."""
+def make_photos(src: Path, count: int, size_kb: int | None) -> int:
+    """``count`` photos in CLASSES folders (one process per class; ``size_kb``: colour 4:2:0 ones of about that size
+    instead of the mixed set); returns their total bytes."""
     per_class = count // CLASSES
-    with mp.get_context("fork").Pool(os.cpu_count() or 1) as pool:
-        pool.starmap(make_photo_set, [(src / f"class{c:02d}", per_class, c) for c in range(CLASSES)])
+    if size_kb is None:
+        with mp.get_context("fork").Pool(os.cpu_count() or 1) as pool:
+            pool.starmap(make_photo_set, [(src / f"class{c:02d}", per_class, c) for c in range(CLASSES)])
+    else:
+        for i, data in enumerate(make_jpegs(per_class * CLASSES, size_kb * 1024)):
+            (src / f"class{i % CLASSES:02d}").mkdir(parents=True, exist_ok=True)
+            (src / f"class{i % CLASSES:02d}" / f"img{i:06d}.jpg").write_bytes(data)
     return sum(p.stat().st_size for p in src.rglob("*.jpg"))
 
 
@@ -75,16 +81,18 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="fresh-mount epochs per variant; the median is shown")
     parser.add_argument("--min-ssim", type=float, default=0.95, help="SSIM bar of the recommended K (default 0.95)")
     parser.add_argument("--scan-script", help="passed to 'fanfs pack --scan-script' (default: pack's default)")
+    parser.add_argument("--size-kb", type=int, help="colour 4:2:0 photos of about this size instead of the mixed set "
+                                                    "(250-500 px crops): a decode-bound loader")
     args = parser.parse_args()
 
     with temp_dir(args.workdir, "bench-train-") as work:
         src = work / "src"
-        source_bytes = make_photos(src, args.images)
+        source_bytes = make_photos(src, args.images, args.size_kb)
         images = len(PhotoFolder(src, CROP))
         plain, progressive = work / "plain", work / "progressive"
         fanfs("pack", src, plain, "--quiet")
         script = ["--scan-script", args.scan_script] if args.scan_script else []
-        fanfs("pack", src, progressive, "--progressive-jpeg", *script, "--quiet")
+        fanfs("pack", src, progressive, "--progressive-jpeg", "--scales", "2,4", *script, "--quiet")
         curve = json.loads(fanfs("fidelity", progressive, "--sample", "200", "--min-ssim", str(args.min_ssim),
                                  "--json").stdout)
         recommended = curve["recommended"]
@@ -98,6 +106,8 @@ def main() -> int:
             variants[f"progressive K={recommended} (recommended)"] = (progressive, ["--fidelity", str(recommended)])
         if recommended != 2:
             variants["progressive K=2"] = (progressive, ["--fidelity", "2"])
+        for tier in ("1/2", "1/4"):
+            variants[f"tier {tier}"] = (progressive, ["--fidelity", tier])
         runs: dict[str, list[tuple[float, int]]] = {name: [] for name in variants}
         for r in range(args.repeat):
             wait_for_quiet(timeout=120)  # the box is shared: start each round of variants on a quiet machine
@@ -105,7 +115,7 @@ def main() -> int:
                 if store is None:
                     runs[name].append((epoch(src, args.workers, args.batch_size, r), source_bytes))
                     continue
-                mnt = work / f"mnt-{len(runs[name])}-{name.replace(' ', '_')}"
+                mnt = work / f"mnt-{len(runs[name])}-{name.replace(' ', '_').replace('/', '_')}"
                 with fanfs_mount(store, mnt, *options):
                     seconds = epoch(mnt, args.workers, args.batch_size, r)
                     read = json.loads(fanfs("stats", mnt, "--json").stdout)["bytes_stored_read"]

@@ -145,6 +145,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"presented  {human_size(stats['bytes_presented'])}   read from storage {human_size(stats['bytes_stored_read'])}")
     print(f"cache      {hits:,} hits / {misses:,} misses ({100 * hits / max(1, hits + misses):.0f}% hits)")
     print(f"decode     {stats['decode_seconds']:.3f} s")
+    for note in stats.get("notes", []):
+        print(f"note       {note}")
     if stats["stored_by_layer"]:
         print("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"])))
     if "staged" in stats:

@@ -1,9 +1,10 @@
 """One shard file, built by one worker: files cut into layers by their record kinds, written layer-major.
 
 Layer 0 of every file comes first, then layer 1 of every file, and so on, so the first K layers of a
-whole shard are one prefix.  Blob numbers are file-major (a file's blobs are one contiguous range).
-Layers after the first are spilled to temporary files beside the shard while it is built (memory stays
-bounded whatever the shard holds) and appended in order at the end.  Writes go through our own buffer
+whole shard are one prefix; side layers (:class:`fanfs.records.Packed`) follow, side layer j of every file
+together, so each is one range of its own.  Blob numbers are file-major (a file's blobs are one contiguous
+range: its layers', then its side layers').  Groups after layer 0 are spilled to temporary files beside
+the shard while it is built (memory stays bounded whatever the shard holds) and appended in order at the end.  Writes go through our own buffer
 on a raw descriptor: a failed write is reported once, never replayed by a close.
 """
 
@@ -28,6 +29,8 @@ from ..util.files import open_regular
 _BUFFER = 1 << 20
 T = TypeVar("T")
 HEAD = 4096  # bytes a kind sniffs (and a plan classifies) a file by
+SIDE_GROUP = 1 << 16
+"""Where side layer j is laid out: group SIDE_GROUP + j, after every layer index (a shard's groups go in order)."""
 
 
 class PackError(FanfsError):
@@ -116,28 +119,29 @@ class ShardWriter:
         self.stored: list[int] = []
         self.raw: list[int] = []
         self.checksum: list[int] = []
-        self._spilled: list[tuple[int, int]] = []  # (blob, layer) whose offset is relative to its spill file
+        self._spilled: list[tuple[int, int]] = []  # (blob, group) whose offset is relative to its spill file
 
     def add(self, packed: Packed, codec: Codec | None) -> tuple[int, int]:
         """Write (or spill) a file's blobs, compressed with ``codec`` unless None; returns (first blob, count)."""
         first = len(self.raw)
-        for layer, blobs in enumerate(packed.layers):
+        groups = [*enumerate(packed.layers), *((SIDE_GROUP + j, blobs) for j, blobs in enumerate(packed.side))]
+        for group, blobs in groups:
             for item in blobs:
                 blob = len(self.raw)
                 if isinstance(item, int):  # a hole: stored as nothing
-                    self._slot(self.out.pos if layer == 0 else 0, 0, item, 0)
-                    if layer:
-                        self._spilled.append((blob, layer))
+                    self._slot(self.out.pos if group == 0 else 0, 0, item, 0)
+                    if group:
+                        self._spilled.append((blob, group))
                     continue
                 stored = item
                 if codec is not None:
                     packed_bytes = codec.encode(item)
                     if len(packed_bytes) < len(item):
                         stored = packed_bytes
-                target = self.out if layer == 0 else self._spill(layer)
+                target = self.out if group == 0 else self._spill(group)
                 self._slot(target.append(stored), len(stored), len(item), checksum(stored))
-                if layer:
-                    self._spilled.append((blob, layer))
+                if group:
+                    self._spilled.append((blob, group))
         return first, len(self.raw) - first
 
     def _slot(self, offset: int, stored: int, raw: int, digest: int) -> None:
@@ -146,24 +150,24 @@ class ShardWriter:
         self.raw.append(raw)
         self.checksum.append(digest)
 
-    def _spill(self, layer: int) -> _Output:
-        spill = self._spills.get(layer)
+    def _spill(self, group: int) -> _Output:
+        spill = self._spills.get(group)
         if spill is None:
-            spill = self._spills[layer] = _Output(f"{self.path}.layer{layer}")
+            spill = self._spills[group] = _Output(f"{self.path}.layer{group}")
         return spill
 
     def close(self) -> tuple[int, int]:
-        """Append the spilled layers in order, sync; returns (size, checksum) of the shard file."""
+        """Append the spilled groups in order, sync; returns (size, checksum) of the shard file."""
         bases = {}
-        for layer in sorted(self._spills):
-            spill = self._spills[layer]
+        for group in sorted(self._spills):
+            spill = self._spills[group]
             spill.flush()
-            bases[layer] = self.out.pos
+            bases[group] = self.out.pos
             with open(spill.path, "rb", buffering=0) as f:
                 while block := f.read(_BUFFER):
                     self.out.append(block)
-        for blob, layer in self._spilled:
-            self.offset[blob] += bases.get(layer, self.out.pos)
+        for blob, group in self._spilled:
+            self.offset[blob] += bases.get(group, self.out.pos)
         self.out.close(sync=True)
         self.abort()
         return self.out.pos, self.out.digest.intdigest()
@@ -262,6 +266,7 @@ def _cut(job: ShardJob, path: bytes, fallbacks: list[tuple[str, str, str]]) -> t
         os.close(fd)
         raise
     packed.layers = [_reading(blobs) for blobs in packed.layers]
+    packed.side = [_reading(blobs) for blobs in packed.side]
     return fd, chosen, packed, head
 
 

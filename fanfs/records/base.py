@@ -10,6 +10,7 @@ from typing import Any, BinaryIO, ClassVar, Protocol
 import numpy as np
 
 from ..errors import UsageError
+from . import settings as _settings
 from .settings import FULL, Presentation, Setting, register_setting, settings
 
 AddOption = Callable[..., Any]
@@ -65,6 +66,11 @@ class Packed:
     bytes, stored as nothing).  ``size`` is the full presentation's size; its xxh3 is ``checksum``, or,
     when the layers are produced while reading (large files), ``digest`` once they have been consumed.
     ``compress``: whether blobs go through the file's codec (JPEG scans are entropy-coded already).
+
+    ``side``: side layers, alternatives to the layers rather than refinements of them (a JPEG's resolution
+    tiers).  A shard holds them after every file's layers, side layer j of all its files together, so that
+    reading one side layer of a whole shard is one contiguous range and a prefix of layers never includes
+    one.  Their blobs follow the file's layer blobs: the index's ``count`` has them, ``layers`` does not.
     """
 
     layers: list[Iterable[bytes | int]]
@@ -73,6 +79,7 @@ class Packed:
     digest: Any = None
     compress: bool = True
     notes: list[str] = field(default_factory=list)
+    side: list[Iterable[bytes | int]] = field(default_factory=list)
 
     def final_checksum(self) -> int:
         return self.checksum if self.checksum is not None else self.digest.intdigest()
@@ -91,6 +98,12 @@ class RecordKind:
     def setting_range(self, index: Columns, entries: np.ndarray) -> tuple[int, int]:
         """The values of ``setting`` that mean something for these files (FULL is always allowed)."""
         return (FULL, FULL)
+
+    def offered(self, index: Columns, entries: np.ndarray) -> list[int]:
+        """The values of ``setting`` below FULL that change some of ``entries`` (files of this kind): what a schedule
+        or a choice may pick from.  By default every multiple of ``setting_unit`` in ``setting_range``."""
+        low, high = self.setting_range(index, entries)
+        return [] if (low, high) == (FULL, FULL) else list(range(low, high, self.setting_unit))
 
     def setting_problem(self, index: Columns, entries: np.ndarray, value: int) -> str | None:
         """Why ``entries`` (files of this kind) cannot be shown at ``value`` (not FULL) of the setting; None if
@@ -133,6 +146,10 @@ class RecordKind:
         serves a read from its staged layers alone).  Views are nested by default: a lower one reads a prefix of
         a higher one's layers (JPEG scans, float planes)."""
         return view <= other
+
+    def presentation_notes(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> list[str]:
+        """What a mount's ``stats`` says of ``entries`` under ``presentation`` (e.g. how many lack the view asked for)."""
+        return []
 
     def blobs_read(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
         """The blobs that presenting ``entries`` (files of this kind) at ``presentation`` reads: what a
@@ -257,6 +274,22 @@ def check_presentation(index: Columns, presentation: Presentation) -> Presentati
         if None not in problems:
             raise UsageError(problems[0])
     return presentation
+
+
+def offered(index: Columns, name: str) -> list[int]:
+    """Every value below FULL of the setting ``name`` that changes some file of the store, least data first (its
+    ``rank``)."""
+    files = np.flatnonzero(index.type == 1)
+    values = {value for kind_id, kind in _REGISTRY.items() if kind.setting is not None and kind.setting.name == name
+              for value in kind.offered(index, files[index.record[files] == kind_id])}
+    return sorted(values, key=_settings.setting(name).rank)
+
+
+def presentation_notes(index: Columns, presentation: Presentation) -> list[str]:
+    """What every kind says of its files under ``presentation`` (``fanfs stats``)."""
+    files = np.flatnonzero(index.type == 1)
+    return [note for kind_id, kind in _REGISTRY.items()
+            for note in kind.presentation_notes(index, files[index.record[files] == kind_id], presentation)]
 
 
 def pack_kinds(options: Mapping[str, Any], plan_records: Mapping[str, Mapping[str, Any]]) -> list[RecordKind]:

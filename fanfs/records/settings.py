@@ -51,6 +51,7 @@ class Setting:
     help: str  # what a value does, for --help
     parse: Callable[[str], Value]  # a value as written; ValueError with a one-line reason
     format: Callable[[int], str]  # the inverse, for messages and status lines
+    rank: Callable[[int], Any] = int  # a sort key from the least data shown to the most (a schedule rises along it)
 
     @property
     def option(self) -> str:
@@ -161,6 +162,15 @@ def parse(name: str, text: str) -> Value:
         return setting(name).parse(text)
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+def parse_level(name: str, value: int | str) -> int:
+    """A level of a schedule or a candidate of a choice: an int as it is, text (``"1/4"``, ``"full"``) parsed by the
+    setting's kind; UsageError for anything else (``auto`` values need a store: not a level)."""
+    parsed = parse(name, value) if isinstance(value, str) else value
+    if type(parsed) is not int or not 0 < parsed <= FULL:
+        raise UsageError(f"a {name} level is a value of the setting (e.g. 4, 1/4 or full), not {value!r}")
+    return parsed
 
 
 def parse_all(texts: Mapping[str, Any]) -> dict[str, Value]:

@@ -26,12 +26,13 @@ from ..errors import StoreError
 from ..util.checksum import checksum  # noqa: F401  (re-exported: the store's checksum)
 from ..util.files import open_regular
 
-FORMAT_VERSION = 2
-"""The newest index format this fanfs writes: 2 when a store holds float records (a kind format 1 lacks), else 1."""
-FORMATS = (1, 2)
+FORMAT_VERSION = 3
+"""The newest index format this fanfs writes: 3 when a store holds JPEG resolution tiers, 2 when it holds float
+records (kinds and layouts older formats lack), else 1."""
+FORMATS = (1, 2, 3)
 """Index formats this fanfs reads (every store ever written must keep reading byte-exactly)."""
 SHARD_VERSION = 1
-"""The shard container's version (unchanged by format 2: blobs behind a header)."""
+"""The shard container's version (unchanged by formats 2 and 3: blobs behind a header)."""
 INDEX_MAGIC = b"FANFSIDX"
 SHARD_MAGIC = b"FANFSSHD"
 INDEX_NAME = "index"

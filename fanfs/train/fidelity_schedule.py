@@ -1,7 +1,8 @@
 """A fidelity schedule: start a job at a low fidelity and raise it when the training loss stops improving.
 
 In the spirit of *Reducing Data Motion to Accelerate the Training of DNNs* (Zhuang, Malossi, Casas
-2020): early epochs read fewer bytes of every image.  It is :class:`fanfs.tune.plateau.PlateauSchedule`
+2020): early epochs read fewer bytes of every image (or, from a store packed with ``--scales``, decode
+fewer pixels: a schedule may start at the resolution tiers, ``["1/4", "1/2", 4, "full"]``).  It is :class:`fanfs.tune.plateau.PlateauSchedule`
 (the same object that raises the precision of float records) applied to the mount's ``fidelity``; the
 levels default to the fidelities at which the store's JPEG records present a quarter, half and three
 quarters of their bytes, then full.  The training loop calls it once per epoch (or per window of steps)::
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import UsageError
-from ..records import FULL
+from ..records import FULL, parse_level, setting
 from ..serve.control import presenter
 from ..tune.plateau import PlateauSchedule
 from .mount import jpeg_records, mount_status
@@ -53,13 +54,16 @@ def fidelity_levels(mountpoint: str | os.PathLike, fractions: Sequence[float] = 
     return levels + [FULL]
 
 
-def fidelity_schedule(mountpoint: str | os.PathLike, levels: Sequence[int] | None = None, *, patience: int = 2,
+def fidelity_schedule(mountpoint: str | os.PathLike, levels: Sequence[int | str] | None = None, *, patience: int = 2,
                       min_delta: float = 0.0, relative: bool = False) -> PlateauSchedule:
     """A :class:`PlateauSchedule` that sets the mount's fidelity; ``levels`` default to :func:`fidelity_levels`.
 
-    ``start()`` sets the first level (before the first epoch reads anything); ``step(loss)`` raises it
-    after ``patience`` steps without an improvement of more than ``min_delta``.
+    ``levels`` are values of the fidelity setting, as ints or as written (``["1/4", "1/2", 4, "full"]``: from
+    the resolution tiers to scans to the whole file).  ``start()`` sets the first level (before the first
+    epoch reads anything); ``step(loss)`` raises it after ``patience`` steps without an improvement of more
+    than ``min_delta``.
     """
     mount_status(mountpoint)  # a wrong path is one line now, not at the first switch
-    return PlateauSchedule(fidelity_levels(mountpoint) if levels is None else levels, patience, min_delta, relative,
-                           apply=presenter(os.fspath(mountpoint), "fidelity"))
+    chosen = fidelity_levels(mountpoint) if levels is None else [parse_level("fidelity", level) for level in levels]
+    return PlateauSchedule(chosen, patience, min_delta, relative, apply=presenter(os.fspath(mountpoint), "fidelity"),
+                           rank=setting("fidelity").rank)

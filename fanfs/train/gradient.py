@@ -9,7 +9,9 @@ Here the mount does the switching: the same samples (a fixed :class:`torch.utils
 training's own dataset, read in order) are re-read through a fresh ``DataLoader`` after each switch of
 the mount's fidelity, so files are opened after the switch and get the new K, in workers too.
 Candidates are tried from the lowest up and the first that passes wins (what PCR computes, without
-measuring the Ks above it); the mount is left at the winner (or full when none passes).
+measuring the Ks above it); the mount is left at the winner (or full when none passes).  From a store
+packed with ``--scales`` the resolution tiers are candidates too, below every K (``candidates=["1/4", "1/2",
+2, 4]``; by default every tier and K the store offers), for a model whose transform resizes its input.
 
 Mode: training mode, as PCR, because the gradient that matters is the one the next steps follow (batch
 norm then uses each batch's own statistics, which the fidelity changes too).  What training mode would
@@ -37,9 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
-from ..records import FULL
+from ..records import FULL, parse_level, setting
 from ..serve.control import presenter
-from .mount import fidelity_ks, mount_status
+from .mount import fidelity_ks, fidelity_offered, mount_status
 
 log = logging.getLogger("fanfs")
 
@@ -58,15 +60,16 @@ class FidelityChoice:
     images: int
 
     def __str__(self) -> str:
-        measured = ", ".join(f"K={k} {s:.3f}" for k, s in self.similarity.items())
-        name = "full" if self.fidelity == FULL else str(self.fidelity)
+        name_of = setting("fidelity").format
+        measured = ", ".join(f"{'K=' * name_of(k).isdigit()}{name_of(k)} {s:.3f}" for k, s in self.similarity.items())
+        name = name_of(self.fidelity)
         verdict = "" if self.fidelity != FULL else f", none reaches {self.threshold}"
         return (f"fidelity {name}: gradient cosine similarity to full fidelity {measured}{verdict} "
                 f"(threshold {self.threshold}, {self.images} images)")
 
 
 def choose_fidelity(model: Any, loss_fn: Callable[[Any, Any], Any], dataset: Any, mountpoint: str | os.PathLike, *,
-                    candidates: Sequence[int] | None = None, threshold: float = THRESHOLD, batches: int = 4,
+                    candidates: Sequence[int | str] | None = None, threshold: float = THRESHOLD, batches: int = 4,
                     batch_size: int = 32, num_workers: int = 0, collate_fn: Callable | None = None, seed: int = 0,
                     switch: bool = True) -> FidelityChoice:
     """Measure the candidates' gradient similarity on ``batches`` fixed batches and switch the mount to the winner.
@@ -81,12 +84,14 @@ def choose_fidelity(model: Any, loss_fn: Callable[[Any, Any], Any], dataset: Any
     threshold, ks = _checked(candidates, threshold, batches, batch_size)
     mnt = os.fspath(mountpoint)
     before = int(mount_status(mnt)["fidelity"])
-    offered = fidelity_ks(mnt)
+    layers, offered = len(fidelity_ks(mnt)) + 1, fidelity_offered(mnt)
     if ks is None:
         ks = offered
-    elif ks[-1] > len(offered) + 1:
-        raise UsageError(f"candidate fidelity {ks[-1]} is out of range: this store's records have at most "
-                         f"{len(offered) + 1} layers")
+    elif set(ks) - set(offered) - set(range(1, layers + 1)):
+        name_of = setting("fidelity").format
+        tiers = [name_of(k) for k in offered if not name_of(k).isdigit()]
+        raise UsageError(f"candidate fidelity {name_of(max(set(ks) - set(offered) - set(range(1, layers + 1))))} is out of range: this store's "
+                         f"records have at most {layers} layers ({'tiers ' + ', '.join(tiers) if tiers else 'no resolution tiers'})")
     if not ks:
         raise UsageError("this store's JPEG records have a single layer each: there is no fidelity below full")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -151,9 +156,10 @@ def _checked(candidates: Sequence[int] | None, threshold: float, batches: int,
     if candidates is None:
         return float(threshold), None
     listed = list(candidates)
-    if any(not _is(k, numbers.Integral) or not 0 < k <= FULL for k in listed):
-        raise UsageError(f"candidate fidelities are layer counts >= 1, not {listed!r}")
-    ks = sorted({int(k) for k in listed} - {FULL})
+    if any(not isinstance(k, str) and (not _is(k, numbers.Integral) or not 0 < k <= FULL) for k in listed):
+        raise UsageError(f"candidate fidelities are layer counts >= 1 or resolution tiers ('1/2'), not {listed!r}")
+    ks = sorted({parse_level("fidelity", k if isinstance(k, str) else int(k)) for k in listed} - {FULL},
+                key=setting("fidelity").rank)
     if not ks:
         raise UsageError("no candidate fidelity below full: give at least one K, e.g. candidates=[1, 2, 5]")
     return float(threshold), ks

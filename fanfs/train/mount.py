@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError, UsageError
-from ..records import kind_named
+from ..records import kind_named, offered
 from ..serve.control import ControlError, request
 from ..store import Store
 from ..store.format import FILE
@@ -42,6 +42,13 @@ def jpeg_records(mountpoint: str | os.PathLike) -> Iterator[tuple[Store, np.ndar
         yield store, records
     finally:
         store.close()
+
+
+def fidelity_offered(mountpoint: str | os.PathLike) -> list[int]:
+    """Every fidelity below full that changes some record, least data first: the resolution tiers (``pack
+    --scales``), coarsest first, then K = 1, 2, ..."""
+    with jpeg_records(mountpoint) as (store, _):
+        return offered(store.index, "fidelity")
 
 
 def fidelity_ks(mountpoint: str | os.PathLike) -> list[int]:

@@ -6,6 +6,8 @@ recommendation for a quality bar X is the smallest K whose mean SSIM reaches X: 
 to pick PCR's scan group (Kuchnik et al. choose per task by gradient similarity; SSIM needs no model).
 On a subsample, the decode speed at each K (:mod:`.decode_speed`) relative to the full presentation
 and, given the tree the store was packed from, to the original files: fewer bytes can mean more CPU.
+A store packed with ``--scales`` gets a row per resolution tier too: its bytes, its SSIM against the full
+image reduced by the same factor (the box average the tier was made with), and its decode speed.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import StoreError, UsageError
-from ..records import FULL, Auto, register_resolver
-from ..records.jpeg import DEFAULT_MAX_PIXELS, MAX_SIZE, JpegRecords, frame
+from ..records import FULL, Auto, Presentation, register_resolver
+from ..records.jpeg import DEFAULT_MAX_PIXELS, FIDELITY, MAX_SIZE, JpegRecords, frame, tier_values
 from ..store import Store
 from ..util.files import read_regular
 from ..util.plots import pyplot
@@ -48,6 +50,10 @@ class FidelityCurve:
     with_source: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     """Sampled records left out of the means, by reason (too small for SSIM's window, too many pixels)."""
+    tiers: list[dict] = field(default_factory=list)
+    """Per resolution tier (``fidelity``: ``1/2``): ``records`` that have it and, over them, ``bytes_fraction``,
+    ``ssim`` and ``ms_ssim`` against the full image reduced as much; when timed ``decode_vs_full`` (and
+    ``decode_vs_source``), as for K.  Not candidates of ``recommend``: their SSIM is at another size."""
 
     def skip_note(self) -> str:
         """``skipped 3 of 100 sampled records: 2 smaller than 11x11 pixels ...`` (when some were)."""
@@ -68,8 +74,12 @@ AUTO_SAMPLE = 100
 _store: Store | None = None  # the store being measured; forked workers inherit it
 
 
-def _measure(entry: int) -> tuple[list[int], list[float], list[float]]:
-    """Sizes, SSIM and MS-SSIM of one record at K = 1..layers."""
+Measured = tuple[list[int], list[float], list[float], list[tuple[float, float, float] | None]]
+
+
+def _measure(entry: int) -> Measured:
+    """Sizes, SSIM and MS-SSIM of one record at K = 1..layers; per tier of the store, (bytes fraction, SSIM,
+    MS-SSIM) against the full image reduced by the tier's factor, or None if the record has no tiers."""
     from .quality import decode, similarity
     store = _store
     assert store is not None
@@ -86,7 +96,26 @@ def _measure(entry: int) -> tuple[list[int], list[float], list[float]]:
             s, m = similarity(full, decode(store.read_file(path, k)))
             ssims.append(s)
             msssims.append(m)
-    return sizes, ssims, msssims
+    tiers: list[tuple[float, float, float] | None] = []
+    for value in tier_values(store.index):
+        view = store.view(entry, _at(value))
+        if view != value:
+            tiers.append(None)
+            continue
+        reduced = _reduced(full, value & 0x7FFF)
+        tiers.append((store.size_at(entry, view) / sizes[-1], *similarity(reduced, decode(store.read_file(path, view)))))
+    return sizes, ssims, msssims, tiers
+
+
+def _at(value: int) -> Presentation:
+    """The presentation at fidelity ``value``."""
+    return Presentation({FIDELITY.name: value})
+
+
+def _reduced(pixels: np.ndarray, scale: int) -> np.ndarray:
+    """The decoded image reduced ``scale`` times by box averaging (how pack made the tier)."""
+    from PIL import Image
+    return np.asarray(Image.fromarray(pixels).reduce(scale))
 
 
 def _reasons(skipped: dict[str, int]) -> str:
@@ -119,24 +148,30 @@ def _original(source: str, path: bytes, full: bytes) -> bytes | None:
 
 def _time_decodes(store: Store, entries: list[int], top: int, source: str | None, seed: int,
                   progress: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per image and K = 1..top, decode speed relative to the full presentation and to the original
-    (rows of images without a matching original are NaN in the second)."""
+    """Per image and K = 1..top, then per tier of the store, decode speed relative to the full presentation and
+    to the original (rows of images without a matching original are NaN in the second, a tier the image lacks
+    NaN in both)."""
     from .decode_speed import decode_times
     rng = np.random.default_rng(seed)
-    vs_full = np.ones((len(entries), top))
-    vs_source = np.full((len(entries), top), np.nan)
+    tiers = tier_values(store.index)
+    vs_full = np.ones((len(entries), top + len(tiers)))
+    vs_full[:, top:] = np.nan
+    vs_source = np.full((len(entries), top + len(tiers)), np.nan)
     with Progress(len(entries), "decode speed", enabled=progress) as bar:
         for i, entry in enumerate(entries):
             path = store.index.path(entry)
             layers = int(store.index.layers[entry])
-            variants = [store.read_file(path, k) for k in range(1, layers)] + [store.read_file(path)]
+            held = [t for t, value in enumerate(tiers) if store.view(entry, _at(value)) == value]
+            variants = ([store.read_file(path, k) for k in range(1, layers)] + [store.read_file(path, tiers[t]) for t in held]
+                        + [store.read_file(path)])
             original = _original(source, path, variants[-1]) if source else None
-            seconds = decode_times(variants + ([original] if original else []), rng)
-            full = seconds[layers - 1]
-            vs_full[i, :layers - 1] = full / np.asarray(seconds[:layers - 1])
+            seconds = np.asarray(decode_times(variants + ([original] if original else []), rng))
+            full = seconds[len(variants) - 1]
+            columns = [*range(layers - 1), *(top + t for t in held)]
+            vs_full[i, columns] = full / seconds[:len(columns)]
             if original:
-                vs_source[i, :layers] = seconds[-1] / np.asarray(seconds[:layers])
-                vs_source[i, layers:] = seconds[-1] / full
+                vs_source[i, columns] = seconds[-1] / seconds[:len(columns)]
+                vs_source[i, layers - 1:top] = seconds[-1] / full
             bar.update_to(i + 1)
     return vs_full, vs_source
 
@@ -168,30 +203,50 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
             raise UsageError(f"no timed record has its original under {source} (the same path, decoding to the "
                              "same pixels): give --source the tree the store was packed from")
         curve.timed, curve.with_source = len(picked), int(found.sum())
-        curve.decode_vs_full = np.median(vs_full, 0).round(3).tolist()
+        curve.decode_vs_full = np.median(vs_full[:, :top], 0).round(3).tolist()
         if found.any():
-            curve.decode_vs_source = np.median(vs_source[found], 0).round(3).tolist()
+            curve.decode_vs_source = np.median(vs_source[found, :top], 0).round(3).tolist()
     global _store
     _store = store
     entries = chosen.tolist()
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(entries)))
     fraction, ssims, msssims = np.ones((3, len(entries), top))
+    tiers = tier_values(store.index)
+    tier_rows = np.full((len(entries), len(tiers), 3), np.nan)
     with Progress(len(entries), "fidelity", enabled=progress) as bar, contextlib.ExitStack() as stack:
         if jobs > 1:
             pool = stack.enter_context(process_pool(jobs))
             measured = pool.map(_measure, entries, chunksize=4)
         else:
             measured = map(_measure, entries)  # in this process: an MPI rank must not fork
-        for i, (sizes, s, m) in enumerate(measured):
+        for i, (sizes, s, m, at_tiers) in enumerate(measured):
             n = len(sizes)
             fraction[i, :n] = np.asarray(sizes) / sizes[-1]
             ssims[i, :n] = s
             msssims[i, :n] = m
+            for t, row in enumerate(at_tiers):
+                if row is not None:
+                    tier_rows[i, t] = row
             bar.update_to(i + 1)
     curve.bytes_fraction = fraction.mean(0).round(4).tolist()
     curve.ssim = ssims.mean(0).round(4).tolist()
     curve.ms_ssim = msssims.mean(0).round(4).tolist()
+    curve.tiers = [_tier_row(value, tier_rows[:, t], vs_full[:, top + t] if timed > 0 else None,
+                             vs_source[found, top + t] if timed > 0 and found.any() else None)
+                   for t, value in enumerate(tiers)]
     return curve
+
+
+def _tier_row(value: int, rows: np.ndarray, vs_full: np.ndarray | None, vs_source: np.ndarray | None) -> dict:
+    """A tier's means over the records that have it (NaN rows: records without), and its median decode speeds."""
+    held = ~np.isnan(rows[:, 0])
+    row: dict = {"fidelity": FIDELITY.format(value), "records": int(held.sum())}
+    if held.any():
+        row.update(zip(("bytes_fraction", "ssim", "ms_ssim"), rows[held].mean(0).round(4).tolist()))
+    for name, speeds in (("decode_vs_full", vs_full), ("decode_vs_source", vs_source)):
+        if speeds is not None and (~np.isnan(speeds)).any():
+            row[name] = round(float(np.nanmedian(speeds)), 3)
+    return row
 
 
 def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = False,
@@ -243,6 +298,14 @@ def format_curve(curve: FidelityCurve, min_ssim: float) -> str:
         mark = "  <- smallest K with SSIM >= %.3g" % min_ssim if k == best else ""
         speeds = "".join(f" {values[i]:>6.2f}x" for _, values in columns)
         lines.append(f"{k:>4} {b:>7.3f} {s:>6.3f} {m:>8.3f}{speeds}{mark}")
+    for tier in curve.tiers:
+        if "ssim" not in tier:
+            lines.append(f"{tier['fidelity']:>4}  no sampled record has this tier")
+            continue
+        keys = {"decode": "decode_vs_full", "vs orig": "decode_vs_source"}
+        speeds = "".join(f" {tier[keys[name]]:>6.2f}x" if keys[name] in tier else f" {'-':>7}" for name, _ in columns)
+        lines.append(f"{tier['fidelity']:>4} {tier['bytes_fraction']:>7.3f} {tier['ssim']:>6.3f} {tier['ms_ssim']:>8.3f}"
+                     f"{speeds}  (resolution tier, {tier['records']} records; SSIM vs the image reduced as much)")
     if best == FULL:
         lines.append(f"no K below full reaches SSIM {min_ssim}: mount at full fidelity")
     return "\n".join(lines)

@@ -36,8 +36,9 @@ class PlateauSchedule:
     """
 
     def __init__(self, levels: Sequence[int], patience: int = 2, min_delta: float = 0.0, relative: bool = False,
-                 apply: Callable[[int], Any] | None = None) -> None:
-        if not levels or any(b <= a for a, b in zip(levels, levels[1:])):
+                 apply: Callable[[int], Any] | None = None, rank: Callable[[int], Any] = int) -> None:
+        """``rank``: the setting's order of its values (:attr:`fanfs.records.Setting.rank`; fidelity 1/4 < 1/2 < 1)."""
+        if not levels or any(rank(b) <= rank(a) for a, b in zip(levels, levels[1:])):
             raise UsageError(f"schedule levels must be increasing, got {list(levels)!r}")
         if patience < 1 or not min_delta >= 0:
             raise UsageError("patience must be at least 1 and min_delta at least 0")

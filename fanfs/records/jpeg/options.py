@@ -11,6 +11,7 @@ from ...util.units import parse_size
 from ..base import AddOption
 from ..settings import FULL, Auto, Setting
 from .scans import DEFAULT_SCANS
+from .tiers import MAX_SCALE, TIER, is_tier, parse_scales
 
 DEFAULT_MAX_PIXELS = 64 << 20
 """``pack --max-pixels``: larger JPEGs (by their frame header) are kept as plain files.  Measured here
@@ -20,10 +21,16 @@ measurement at ~16, so 64M pixels (every camera up to 61 MP) costs a worker at m
 
 
 def parse_fidelity(text: str) -> int | Auto:
-    """``full`` -> FULL, ``5`` -> 5 (the first K scans), ``auto:0.95`` -> :class:`Auto` (the SSIM bar to meet)."""
+    """``full`` -> FULL, ``5`` -> 5 (the first K scans), ``1/4`` -> TIER | 4 (the quarter-resolution tier),
+    ``auto:0.95`` -> :class:`Auto` (the SSIM bar to meet)."""
     value = text.strip().lower()
     if value == "full":
         return FULL
+    if value.startswith("1/"):
+        scale = value[2:]
+        if scale.isdigit() and 2 <= int(scale) <= MAX_SCALE:
+            return TIER | int(scale)
+        raise ValueError(f"bad fidelity {text!r}: a resolution tier is 1/S with S from 2 to {MAX_SCALE}, e.g. 1/2")
     if value.startswith("auto:"):
         try:
             bar = float(value[5:])
@@ -32,19 +39,30 @@ def parse_fidelity(text: str) -> int | Auto:
         if not 0 < bar <= 1:
             raise ValueError(f"bad fidelity {text!r}: auto takes an SSIM bar in (0, 1], e.g. auto:0.95")
         return Auto("fidelity", bar, f"auto:{value[5:]}")
-    if value.isdigit() and 1 <= int(value) < FULL:
+    if value.isdigit() and 1 <= int(value) < TIER:
         return int(value)
-    raise ValueError(f"bad fidelity {text!r}: use a layer count K >= 1, 'full', or auto:SSIM (e.g. auto:0.95)")
+    raise ValueError(f"bad fidelity {text!r}: use a layer count K >= 1, a resolution tier 1/S, 'full', or "
+                     "auto:SSIM (e.g. auto:0.95)")
 
 
 def format_fidelity(value: int) -> str:
-    return "full" if value == FULL else str(value)
+    if value == FULL:
+        return "full"
+    return f"1/{value & ~TIER}" if is_tier(value) else str(value)
+
+
+def rank_fidelity(value: int) -> tuple[int, int]:
+    """Least data first: the tiers, coarsest first (1/4 before 1/2), then K = 1, 2, ..., then full."""
+    if is_tier(value):
+        return (0, -(value & ~TIER))
+    return (2, 0) if value == FULL else (1, value)
 
 
 FIDELITY = Setting(
-    name="fidelity", metavar="K|full|auto:SSIM", parse=parse_fidelity, format=format_fidelity,
-    help="JPEG records: present each as its first K scan groups, a smaller valid JPEG; auto:0.95 picks the "
-         "smallest K whose mean SSIM reaches 0.95 (see 'fanfs fidelity')")
+    name="fidelity", metavar="K|1/S|full|auto:SSIM", parse=parse_fidelity, format=format_fidelity, rank=rank_fidelity,
+    help="JPEG records: present each as its first K scan groups, a smaller valid JPEG; 1/S: as its "
+         "resolution tier 1/S (a baseline JPEG of the image downscaled S times, stored by pack --scales); "
+         "auto:0.95 picks the smallest K whose mean SSIM reaches 0.95 (see 'fanfs fidelity')")
 
 
 def positive_count(text: str) -> int:
@@ -71,12 +89,19 @@ def add_pack_options(add: AddOption) -> None:
         help="JPEGs with more pixels (width x height, read from the header) are kept byte for byte as "
              "plain files and listed (implies --progressive-jpeg; default 64M = 67,108,864: every camera up "
              "to 61 MP). The transcode needs up to 6 bytes per pixel, measuring fidelity ~16 (README)")
+    add("--scales", type=parse_scales, metavar="S,S",
+        help="also store each JPEG record's image downscaled by each factor S (2,4: half and quarter "
+             "resolution) as a baseline JPEG, presented at --fidelity 1/S: decodes several times faster "
+             "than the original, costs ~+33%% (1/2) and ~+11%% (1/4) of the store (README, 'Resolution "
+             "tiers'; implies --progressive-jpeg; default: none)")
 
 
 def asked(options: Mapping[str, Any]) -> dict[str, Any] | None:
     """The progressive records pack is asked for, as the kind's arguments (``scans``: a preset's name or a
-    scan-script file; ``max_pixels``), or None: none."""
-    if options.get("scan_script") is None and not options.get("progressive_jpeg") and options.get("max_pixels") is None:
+    scan-script file; ``max_pixels``; ``scales``: resolution tiers), or None: none."""
+    if (options.get("scan_script") is None and not options.get("progressive_jpeg") and options.get("max_pixels") is None
+            and not options.get("scales")):
         return None
     return {"scans": DEFAULT_SCANS if options.get("scan_script") is None else options["scan_script"],
-            "max_pixels": DEFAULT_MAX_PIXELS if options.get("max_pixels") is None else options["max_pixels"]}
+            "max_pixels": DEFAULT_MAX_PIXELS if options.get("max_pixels") is None else options["max_pixels"],
+            "scales": tuple(options.get("scales") or ())}
