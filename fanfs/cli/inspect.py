@@ -15,6 +15,8 @@ Command = Callable[[argparse.Namespace], int]
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from ..store.verify import verify
+    from ..util.server import keep_large_buffers
+    keep_large_buffers()  # every chunk read and compared reuses heap pages, not a fresh mmap faulted in anew
     report = verify(args.store, args.against, progress=not args.quiet,
                     on_problem=lambda text: print(f"fanfs: {text}", file=sys.stderr))
     what = f"{report.shards:,} shards, {report.files:,} files ({human_size(report.bytes)})"

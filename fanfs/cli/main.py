@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..errors import FanfsError
-from ..util.server import keep_large_buffers
 
 if TYPE_CHECKING:
     import argparse
@@ -84,7 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # before the handlers: a Ctrl-C just after the first one is installed lands in this try too
         signal.signal(signal.SIGINT, interrupt)  # from here on a Ctrl-C is a KeyboardInterrupt
         signal.signal(signal.SIGALRM, interrupt)  # a Ctrl-C deferred out of the import machinery
-        keep_large_buffers()  # blobs and chunks of up to 64 MiB reuse heap pages, not a fresh mmap each
         args = build_parser().parse_args(argv)
         code = args.func(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then handled below
