@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -59,6 +60,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def wait_gone(mnt: Path | None, pids: Iterable[int], seconds: float = 20) -> None:
+    """Wait (at most ``seconds``) until ``mnt`` is no mount and none of ``pids`` is alive; the caller asserts."""
+    pids = list(pids)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and ((mnt is not None and os.path.ismount(mnt)) or any(map(alive, pids))):
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_two_serving_processes_share_the_reads_exactly(tree, mount):
     src, store, files = tree
@@ -87,9 +96,7 @@ def test_a_stop_signal_ends_every_serving_process_and_the_mount(tree, tmp_path, 
         parent, workers = serving_pids(mnt)
         assert (mnt / files[0]).read_bytes()
         os.kill(parent, sig)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and (os.path.ismount(mnt) or any(map(alive, (parent, *workers)))):
-            time.sleep(0.05)
+        wait_gone(mnt, (parent, *workers))
         assert not os.path.ismount(mnt)
         assert not any(alive(pid) for pid in (parent, *workers))
     finally:
@@ -119,9 +126,7 @@ def test_a_dead_serving_process_ends_the_mount_loudly_never_half_served(tree, tm
         _, err = reader.communicate(timeout=30)  # an error, not a hang
         assert reader.returncode != 0 and ("Transport endpoint" in err or "Software caused" in err
                                            or "No such file" in err or "Input/output" in err), err
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and (os.path.ismount(mnt) or any(map(alive, (parent, *workers)))):
-            time.sleep(0.05)
+        wait_gone(mnt, (parent, *workers))
         assert not os.path.ismount(mnt)
         assert not any(alive(pid) for pid in (parent, *workers))
         text = log.read_text()
@@ -140,9 +145,7 @@ def test_a_daemon_killed_with_minus_9_takes_its_serving_processes_along(tree, tm
         fanfs("mount", store, mnt, "--workers", "2")
         parent, workers = serving_pids(mnt)
         os.kill(parent, signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and any(map(alive, workers)):
-            time.sleep(0.05)
+        wait_gone(None, workers)
         assert not any(alive(pid) for pid in workers)
     finally:
         force_unmount(mnt)
