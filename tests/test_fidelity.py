@@ -139,6 +139,27 @@ def test_open_file_keeps_its_fidelity_across_a_switch(jpeg_store, mount):
     s.close()
 
 
+def test_names_a_listing_gave_follow_a_switch(jpeg_store, mount):
+    """A listing answers every name with its attributes (READDIRPLUS), and the kernel keeps them as names: a
+    reader that lists and then opens asks no lookup of its own.  Those names must follow a switch like
+    looked-up ones: listed at K=2, switched to 5 without a single open, every stat and read shows K=5."""
+    src, store, samples = jpeg_store
+    s = Store(str(store))
+    names = sorted(os.listdir(src / "photos"))
+    entries = {name: s.lookup(os.fsencode(f"photos/{name}")) for name in names}
+    with mount(store, "--fidelity", "2") as mnt:
+        listed = {e.name: e.stat().st_size for e in os.scandir(mnt / "photos")}  # stat from the listing's attributes
+        assert listed == {name: s.size_at(entry, 2) for name, entry in entries.items()}
+        counted = json.loads(fanfs("stats", mnt, "--json").stdout)
+        assert counted["lookups"] <= 2 and counted["listed"] >= len(names), counted  # "photos" (maybe) and the root
+        fanfs("ctl", mnt, "--fidelity", "5")
+        for name, entry in entries.items():
+            expected = s.read(entry, 0, s.size_at(entry, 5), 5)
+            assert (mnt / "photos" / name).stat().st_size == len(expected), name
+            assert (mnt / "photos" / name).read_bytes() == expected, name
+    s.close()
+
+
 def test_control_never_shows_in_listings(jpeg_store, mount):
     src, store, samples = jpeg_store
     with mount(store, "--fidelity", "3") as mnt:

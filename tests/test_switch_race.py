@@ -1,6 +1,6 @@
 """Issue 8.1: no torn or undecodable read while the fidelity switches under load.
 
-Eight reader processes open, fstat, read and decode JPEG records as fast as they can while the mount's
+Eight reader processes list, open, fstat, read and decode JPEG records as fast as they can while the mount's
 fidelity cycles through 1, 3, full, 5, 2, full, and every invalidation of a cached name is slowed down
 on purpose (``FANFS_DEBUG_INVALIDATE_DELAY``), so a switch's window is long.  Every read must be
 exactly as long as its fstat says, and be byte for byte one of the file's presentations (first K
@@ -46,12 +46,19 @@ def _decoded(data: bytes, how: str) -> None:
 
 def _reader(args: tuple[str, list[str], dict[str, set[int]], float, int, dict[str, str]]) -> tuple[int, list[str]]:
     """Read random files until the deadline; returns (reads, problems).  Every read must be as long as
-    fstat says and one presentation of the record; the names in ``decodes`` must also decode."""
+    fstat says and one presentation of the record; the names in ``decodes`` must also decode.  Now and then
+    a reader lists the directory too, which gives the kernel every name with its attributes (READDIRPLUS)
+    in the middle of switches."""
     mnt, names, valid, deadline, seed, decodes = args
     rng = random.Random(seed)
     reads, problems = 0, []
     while time.monotonic() < deadline:
         name = rng.choice(names)
+        if rng.random() < 0.02:
+            folder = os.path.dirname(name)
+            listed = {os.path.join(folder, entry.name) for entry in os.scandir(os.path.join(mnt, folder))}
+            if missing := {n for n in names if os.path.dirname(n) == folder} - listed:
+                problems.append(f"a listing of {folder or '.'} lacks {sorted(missing)[:3]}")
         with open(os.path.join(mnt, name), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             data = f.read()

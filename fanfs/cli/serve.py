@@ -143,6 +143,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
           + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
              if stats["workers"] > 1 else ""))
     print(f"presented  {human_size(stats['bytes_presented'])}   read from storage {human_size(stats['bytes_stored_read'])}")
+    if "lookups" in stats:  # a mount's requests for names: one per name not seen in a listing first
+        print(f"names      {stats['lookups']:,} looked up, {stats['listed']:,} given with their attributes in listings")
     print(f"cache      {hits:,} hits / {misses:,} misses ({100 * hits / max(1, hits + misses):.0f}% hits)")
     print(f"decode     {stats['decode_seconds']:.3f} s")
     for note in stats.get("notes", []):

@@ -199,7 +199,8 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
             hooks.serving()
 
     def counters() -> Counters:
-        return {**store.stats.as_dict(), **(hooks.counters() if hooks.counters else {})}
+        return {**store.stats.as_dict(), "lookups": fs.lookups, "listed": fs.listed,
+                **(hooks.counters() if hooks.counters else {})}
 
     def stats(message: dict[str, Any]) -> dict[str, Any]:
         parts = processes.counters() if processes is not None else [counters()]

@@ -6,9 +6,13 @@ to), and a reply may be sent later from another thread, so the single request lo
 peer or a slow decode.  ``open`` and ``opendir`` answer ENOSYS: the kernel then stops sending them
 (and release) and keeps every inode's page cache, which an immutable inode makes always right.
 
-Only what a read-only tree needs is bound: lookup, getattr, readlink, read, readdir, statfs; the
-kernel refuses writes on the ``ro`` mount itself.  ``struct fuse_file_info`` (bitfields whose layout
-moved between libfuse releases) is never read or written.
+Only what a read-only tree needs is bound: lookup, getattr, readlink, read, readdir, readdirplus, statfs;
+the kernel refuses writes on the ``ro`` mount itself.  Listings are always "plus" (names with their
+attributes; READDIRPLUS without the kernel's AUTO heuristic, which asks for them only in a listing's
+first page): a reader that lists a directory first (a training dataset does) then opens every file
+without a lookup request of its own, which halves the requests per file of a first pass.
+``struct fuse_file_info`` (bitfields whose layout moved between libfuse releases) is never read or
+written; the C layouts that are live in :mod:`.structs`.
 """
 
 from __future__ import annotations
@@ -18,112 +22,19 @@ import ctypes.util
 import errno
 import logging
 import os
-import platform
 import signal
-import struct
 import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..errors import FanfsError
+from .structs import (  # noqa: F401  (re-exported: the front builds its replies from them)
+    ATTR_OFFSET, CAP_READDIRPLUS_AUTO, CONN_WANT, INIT, INO, INO_FI, LOOKUP, READ, Args, EntryParam, FuseBuf, LowLevelOps,
+    Stat, StatVfs, c_ino, c_req, pack_stat, set_entry_ino,
+)
 
 log = logging.getLogger("fanfs")
-
-c_ino = ctypes.c_uint64
-c_req = ctypes.c_void_p
-
-
-class Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_int64)]
-
-
-if platform.machine() in ("x86_64", "AMD64"):
-    class Stat(ctypes.Structure):
-        _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64), ("st_nlink", ctypes.c_uint64),
-                    ("st_mode", ctypes.c_uint32), ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
-                    ("_pad0", ctypes.c_int32), ("st_rdev", ctypes.c_uint64), ("st_size", ctypes.c_int64),
-                    ("st_blksize", ctypes.c_int64), ("st_blocks", ctypes.c_int64), ("st_atim", Timespec),
-                    ("st_mtim", Timespec), ("st_ctim", Timespec), ("_reserved", ctypes.c_int64 * 3)]
-elif platform.machine() in ("aarch64", "arm64", "riscv64"):  # the generic kernel layout
-    class Stat(ctypes.Structure):  # type: ignore[no-redef]
-        _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64), ("st_mode", ctypes.c_uint32),
-                    ("st_nlink", ctypes.c_uint32), ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
-                    ("st_rdev", ctypes.c_uint64), ("_pad1", ctypes.c_uint64), ("st_size", ctypes.c_int64),
-                    ("st_blksize", ctypes.c_int32), ("_pad2", ctypes.c_int32), ("st_blocks", ctypes.c_int64),
-                    ("st_atim", Timespec), ("st_mtim", Timespec), ("st_ctim", Timespec),
-                    ("_unused", ctypes.c_uint32 * 2)]
-else:
-    raise ImportError(f"fanfs's FUSE binding knows struct stat on x86_64 and aarch64, not {platform.machine()}")
-
-
-if platform.machine() in ("x86_64", "AMD64"):
-    _STAT = struct.Struct("<QQQIIIiQqqqqqqqqq")  # dev ino nlink mode uid gid pad rdev size blksize blocks a/m/ctime
-
-    def _stat_values(ino: int, mode: int, nlink: int, uid: int, gid: int, size: int, sec: int, nsec: int) -> tuple:
-        return (0, ino, nlink, mode, uid, gid, 0, 0, size, 1 << 17, (size + 511) // 512, sec, nsec, sec, nsec, sec, nsec)
-else:
-    _STAT = struct.Struct("<QQIIIIQQqiiqqqqqqq")  # dev ino mode nlink uid gid rdev pad size blksize pad blocks times
-
-    def _stat_values(ino: int, mode: int, nlink: int, uid: int, gid: int, size: int, sec: int, nsec: int) -> tuple:
-        return (0, ino, mode, nlink, uid, gid, 0, 0, size, 1 << 17, 0, (size + 511) // 512, sec, nsec, sec, nsec, sec, nsec)
-
-
-def pack_stat(target: ctypes.Structure, offset: int, ino: int, mode: int, nlink: int, uid: int, gid: int, size: int,
-              mtime_ns: int) -> None:
-    """Write a whole ``struct stat`` into ``target`` at ``offset`` in one call (a ctypes field at a time costs
-    ~0.4 us each: a lookup's attributes were 5 us of its 9)."""
-    sec, nsec = divmod(mtime_ns, 1_000_000_000)
-    _STAT.pack_into(target, offset, *_stat_values(ino, mode, nlink, uid, gid, size, sec, nsec))
-
-
-class EntryParam(ctypes.Structure):
-    _fields_ = [("ino", c_ino), ("generation", ctypes.c_uint64), ("attr", Stat),
-                ("attr_timeout", ctypes.c_double), ("entry_timeout", ctypes.c_double)]
-
-
-ATTR_OFFSET = EntryParam.attr.offset
-_INO = struct.Struct("<Q")
-
-
-def set_entry_ino(param: EntryParam, ino: int) -> None:
-    _INO.pack_into(param, 0, ino)
-
-
-class StatVfs(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_ulong) for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
-                                                    "f_files", "f_ffree", "f_favail", "f_fsid", "f_flag",
-                                                    "f_namemax")] + [("_spare", ctypes.c_int * 6)]
-
-
-class Args(ctypes.Structure):
-    _fields_ = [("argc", ctypes.c_int), ("argv", ctypes.POINTER(ctypes.c_char_p)), ("allocated", ctypes.c_int)]
-
-
 _vp = ctypes.c_void_p
-INIT = ctypes.CFUNCTYPE(None, _vp, _vp)
-LOOKUP = ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_char_p)
-INO_FI = ctypes.CFUNCTYPE(None, c_req, c_ino, _vp)  # getattr, open, opendir
-INO = ctypes.CFUNCTYPE(None, c_req, c_ino)  # readlink, statfs
-READ = ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t, ctypes.c_int64, _vp)  # read, readdir
-
-# struct fuse_lowlevel_ops of libfuse 3.14, in order; what is left None gets libfuse's default reply.
-_OPS = ("init", "destroy", "lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink",
-        "rmdir", "symlink", "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir",
-        "readdir", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr",
-        "access", "create", "getlk", "setlk", "bmap", "ioctl", "poll", "write_buf", "retrieve_reply",
-        "forget_multi", "flock", "fallocate", "readdirplus", "copy_file_range", "lseek")
-
-
-class LowLevelOps(ctypes.Structure):
-    _fields_ = [(name, _vp) for name in _OPS]
-
-
-class FuseBuf(ctypes.Structure):
-    """``struct fuse_buf`` as of 3.14, with room to spare for fields a later 3.x appends (libfuse writes it)."""
-
-    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", _vp), ("fd", ctypes.c_int),
-                ("pos", ctypes.c_int64), ("_spare", ctypes.c_byte * 64)]
-
 
 SONAME = "libfuse3.so.3"
 SUPPORTED = (300, 316)
@@ -167,6 +78,8 @@ def _load() -> ctypes.CDLL:
         "fuse_reply_statfs": (ctypes.c_int, [c_req, ctypes.POINTER(StatVfs)]),
         "fuse_add_direntry": (ctypes.c_size_t, [c_req, _vp, ctypes.c_size_t, ctypes.c_char_p,
                                                 ctypes.POINTER(Stat), ctypes.c_int64]),
+        "fuse_add_direntry_plus": (ctypes.c_size_t, [c_req, _vp, ctypes.c_size_t, ctypes.c_char_p,
+                                                     ctypes.POINTER(EntryParam), ctypes.c_int64]),
         "fuse_lowlevel_notify_inval_entry": (ctypes.c_int, [_vp, c_ino, ctypes.c_char_p, ctypes.c_size_t]),
         "fuse_lowlevel_notify_inval_inode": (ctypes.c_int, [_vp, c_ino, ctypes.c_int64, ctypes.c_int64]),
         "fuse_session_receive_buf": (ctypes.c_int, [_vp, ctypes.POINTER(FuseBuf)]),
@@ -213,6 +126,7 @@ class FileSystem(Protocol):
     def readlink(self, req: int, ino: int) -> None: ...
     def read(self, req: int, ino: int, size: int, offset: int) -> None: ...
     def readdir(self, req: int, ino: int, size: int, offset: int) -> None: ...
+    def readdirplus(self, req: int, ino: int, size: int, offset: int) -> None: ...
     def statfs(self, req: int, ino: int) -> None: ...
     def ready(self, session: "Session") -> None: ...
 
@@ -239,6 +153,7 @@ class Session:
             "opendir": INO_FI(self._enosys),
             "read": READ(self._guard(lambda req, ino, size, off, fi: fs.read(req, ino, size, off))),
             "readdir": READ(self._guard(lambda req, ino, size, off, fi: fs.readdir(req, ino, size, off))),
+            "readdirplus": READ(self._guard(lambda req, ino, size, off, fi: fs.readdirplus(req, ino, size, off))),
             "statfs": INO(self._guard(fs.statfs)),
         }
         self._ops = LowLevelOps(**{name: ctypes.cast(cb, _vp) for name, cb in self._callbacks.items()})
@@ -258,6 +173,10 @@ class Session:
         return lambda req, *args: answer(req, handler, *args)
 
     def _init(self, userdata: int, conn: int) -> None:
+        # libfuse has set its defaults in conn->want (READDIRPLUS and READDIRPLUS_AUTO, as readdirplus is bound):
+        # every listing page plus, not only the first (``struct fuse_conn_info``: want is its 7th unsigned int)
+        want = ctypes.c_uint.from_address(conn + CONN_WANT)
+        want.value &= ~CAP_READDIRPLUS_AUTO
         self._ready = True
         try:
             self.fs.ready(self)
@@ -397,3 +316,10 @@ def add_direntry(req: int, buf: ctypes.Array, used: int, name: bytes, attr: Stat
     """Append one entry at ``used`` in ``buf``; returns its size (larger than what is left: not added)."""
     return _lib.fuse_add_direntry(req, ctypes.addressof(buf) + used, len(buf) - used, name, ctypes.byref(attr),
                                   next_offset)
+
+
+def add_direntry_plus(req: int, buf: ctypes.Array, used: int, name: bytes, param: EntryParam, next_offset: int) -> int:
+    """Append one entry with its attributes (as a lookup's reply) at ``used`` in ``buf``; returns its size
+    (larger than what is left: not added)."""
+    return _lib.fuse_add_direntry_plus(req, ctypes.addressof(buf) + used, len(buf) - used, name,
+                                       ctypes.byref(param), next_offset)

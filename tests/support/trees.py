@@ -16,7 +16,8 @@ SPARSE_SIZE = (5 << 30) + 12345  # over 4 GiB, so offsets past 2**32 are exercis
 
 def make_torture_tree(root: Path) -> Path:
     """Regular, empty, compressible, incompressible, multi-chunk and >4 GiB sparse files; unicode and
-    255-byte names; nested and empty dirs; relative and dangling symlinks; odd modes and mtimes; a FIFO."""
+    255-byte names; nested and empty dirs; a directory of 1,500 names (a listing of many pages); relative and
+    dangling symlinks; odd modes and mtimes; a FIFO."""
     root.mkdir(parents=True)
     (root / "train" / "cat").mkdir(parents=True)
     (root / "train" / "dog").mkdir(parents=True)
@@ -25,6 +26,9 @@ def make_torture_tree(root: Path) -> Path:
     (root / "train" / "dog" / "1.bin").write_bytes(os.urandom(200_000))
     (root / "train" / "dog" / "multi_chunk.bin").write_bytes(os.urandom(1 << 20) + b"x" * (3 << 20) + os.urandom(777))
     (root / "empty.dat").write_bytes(b"")
+    (root / "wide").mkdir()
+    for i in range(1500):
+        (root / "wide" / f"{i:05d}{'_' * (i % 97)}.txt").write_bytes(b"w" * (i % 300))
     (root / "ünïcødé ✓ 名前.txt").write_text("unicode name\n")
     (root / ("n" * 255)).write_bytes(b"long name")
     os.close(os.open(os.path.join(os.fsencode(root), b"latin1-\xe9\xff"), os.O_CREAT | os.O_WRONLY, 0o644))
