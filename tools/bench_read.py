@@ -7,7 +7,9 @@ order: from 1 thread, from N threads, and from N processes each taking a disjoin
 DataLoader with N workers); "unbuffered" opens with ``buffering=0``; "cat" is ``xargs -P N cat`` (readers in
 C, whose own CPU per file is small: the file system's cost shows).  Each FUSE file system is mounted
 fresh for the first pass (cold kernel page cache and daemon cache); the second pass follows on the same
-mount.  Native tmpfs cannot be made cold, so its two passes are what they are.  "in-process" reads the
+mount.  Pass 1 begins, within its time, by listing the class directories with their attributes
+(``os.scandir`` + ``stat``), as a training dataset does when it is built (torchvision's ImageFolder
+lists, and stats to filter); pass 2 reads the same dataset again.  Native tmpfs cannot be made cold, so its two passes are what they are.  "in-process" reads the
 store without a mount through its fsspec file system (``fs.open(path).read()``; unbuffered rows:
 ``fs.cat_file(path)``), opened afresh in every reading process before each first pass.  Goals checked:
 fanfs >= squashfuse on every row, fanfs's second pass >= 50% of native, in-process >= 80% of native
@@ -94,6 +96,19 @@ def _open_in_process(target: InProcess) -> int:
     target.fs()
     time.sleep(0.05)
     return os.getpid()
+
+
+def list_dataset(root: str | InProcess) -> int:
+    """What a dataset does when it is built: list every class directory and stat its files; returns the count."""
+    if isinstance(root, InProcess):
+        fs = root.fs()
+        return sum(len(fs.ls(folder, detail=True)) for folder in fs.ls("", detail=False))
+    count = 0
+    with os.scandir(root) as classes:
+        for folder in classes:
+            with os.scandir(folder.path) as files:
+                count += sum(1 for entry in files if entry.stat().st_size >= 0)
+    return count
 
 
 def build_tree(src: Path, files: int, size_kb: int, classes: int) -> tuple[list[str], int]:
@@ -210,7 +225,7 @@ def main() -> int:
             elif system in serving:
                 ctx = bl.fanfs_mount(work / "store", mnt, "--workers", str(serving[system]))
             elif system in base:
-                ctx = bl.fanfs_mount(work / "store", mnt, env=base[system])
+                ctx = bl.fanfs_mount(work / "store", mnt, env=base[system], cwd=args.baseline)
             else:
                 ctx = bl.squashfuse_mount(system, work / "image.sqfs", mnt)
             with ctx as pid:
@@ -232,6 +247,8 @@ def main() -> int:
                     with served(system) as (root, pid):
                         for pas, order in zip(PASSES, orders):
                             used, t = cpu_seconds(pid), time.perf_counter()
+                            if pas == PASSES[0] and list_dataset(root) != len(rels):
+                                raise RuntimeError(f"{system}: the listing does not show {len(rels)} files")
                             got = reader(root, order)
                             seconds = time.perf_counter() - t
                             if got != total:

@@ -57,9 +57,10 @@ def daemon_pid(mnt: Path) -> int:
 
 
 @contextlib.contextmanager
-def fanfs_mount(store: Path, mnt: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[int]:
+def fanfs_mount(store: Path, mnt: Path, *options: str, env: dict[str, str] | None = None,
+                cwd: str | None = None) -> Iterator[int]:
     """``fanfs mount`` (returns once serving); yields the daemon pid; always unmounted afterwards."""
-    with mounted(store, mnt, *options, env=env):
+    with mounted(store, mnt, *options, env=env, cwd=cwd):
         yield daemon_pid(mnt)
 
 

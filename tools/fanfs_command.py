@@ -50,16 +50,18 @@ def daemon_pids(mountpoint: Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def mounted(store: Path, mountpoint: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[Path]:
-    """Mount with the real CLI; unmount (and kill a stuck daemon) however the block ends.  ``env``: the
-    commands' environment (e.g. PYTHONPATH naming another checkout's fanfs)."""
+def mounted(store: Path, mountpoint: Path, *options: str, env: dict[str, str] | None = None,
+            cwd: str | None = None) -> Iterator[Path]:
+    """Mount with the real CLI; unmount (and kill a stuck daemon) however the block ends.  ``env`` and ``cwd``:
+    the commands' environment and directory (another checkout's fanfs: PYTHONPATH naming it, and a directory
+    that holds no other fanfs, as ``python -m`` puts the current directory before PYTHONPATH)."""
     mountpoint.mkdir(parents=True, exist_ok=True)
-    fanfs("mount", store, mountpoint, *options, env=env)
+    fanfs("mount", store, mountpoint, *options, env=env, cwd=cwd)
     try:
         yield mountpoint
     finally:
         if os.path.ismount(mountpoint):
-            fanfs("umount", mountpoint, check=False, env=env)
+            fanfs("umount", mountpoint, check=False, env=env, cwd=cwd)
         force_unmount(mountpoint)
         for pid in daemon_pids(mountpoint):
             with contextlib.suppress(ProcessLookupError):
