@@ -374,3 +374,22 @@ def test_float_class_measures_float_records_and_elf_and_a_plan_can_choose_them(t
     info = fanfs("info", store).stdout
     assert "LOSSY" in info and "elf:0.0001+zstd" in info
     assert fanfs("verify", store, "--against", src, "--quiet").stdout.startswith("ok:")
+
+
+def test_a_blob_compression_barely_shrinks_is_stored_raw(tmp_path):
+    """Compression that saves under 1/16 of a blob is not kept: every read would pay a decode for next to nothing
+    (as zstd does on a JPEG: ~3%).  A blob it shrinks by more is stored compressed, and both read back exact."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(7)
+    barely = rng.integers(0, 256, 96_000, dtype=np.uint8).tobytes() + bytes(3_000)  # zstd saves ~3%
+    (src / "barely.bin").write_bytes(barely)
+    (src / "text.txt").write_bytes(b"compressible line\n" * 5_000)
+    fanfs("pack", src, tmp_path / "store", "--codec", "zstd:3", "--quiet")
+    s = Store(str(tmp_path / "store"))
+    for name, stored_raw in (("barely.bin", True), ("text.txt", False)):
+        entry = s.lookup(name.encode())
+        blob = int(s.index.first[entry])
+        assert (s.index.blob_stored[blob] == s.index.blob_raw[blob]) == stored_raw, name
+        assert s.read_file(name) == (src / name).read_bytes()
+    s.close()
