@@ -13,8 +13,8 @@ keep their bytes.  Nothing is torn, however slow the invalidation: there is no w
 ``open`` answers ENOSYS (the kernel then keeps page caches and sends no open/release), so reads carry
 no per-open state.  Listings are READDIRPLUS: every name comes with its inode and attributes, which the
 kernel keeps as a looked-up name, so a reader that lists first (a dataset) opens every file with one
-request, its read; such names are recorded and invalidated at a switch like looked-up ones.  The loop is single-threaded (multithreaded Python daemons fight over the GIL) and
-never waits on the network: a read of a file whose blobs are not all on this node (a job mount) is
+request, its read; such names are recorded and invalidated at a switch like looked-up ones.  The loop
+is single-threaded (multithreaded Python daemons fight over the GIL) and never waits on the network: a read of a file whose blobs are not all on this node (a job mount) is
 handed to a small pool of worker threads that reply when the bytes have come, while the loop goes on
 serving the next request.
 """
@@ -118,7 +118,6 @@ class FanfsFS:
         self._on_ready = on_ready
         ix = store.index
         self._ix = ix
-        self._type, self._mode, self._mtime, self._size = ix.type, ix.mode, ix.mtime, ix.size
         # per-request columns as memoryviews: indexing one gives a Python int (~60 ns; a numpy scalar + int() ~250)
         self._types, self._modes = memoryview(ix.type), memoryview(ix.mode)
         self._mtimes, self._sizes = memoryview(ix.mtime), memoryview(ix.size)
@@ -136,7 +135,6 @@ class FanfsFS:
         self._plus = ll.EntryParam(attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
         self._negative = ll.EntryParam(ino=0, attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
         self._attr = ll.Stat()
-        self._dirent = ll.Stat()
         self._deferred: Deferred | None = None  # started with the first read that needs it
         self.lookups = 0  # lookup requests answered, and names answered in listings with their attributes
         self.listed = 0
@@ -220,34 +218,18 @@ class FanfsFS:
         if self._deferred is not None:
             self._deferred.close()
 
-    def _listing(self, ino: int, offset: int) -> list[tuple[int, bytes, int]]:
-        """(position, name, entry) of a directory's rows from ``offset`` on: ".", "..", then its children."""
+    def readdirplus(self, req: int, ino: int, size: int, offset: int) -> None:
+        """A directory's rows from ``offset`` on (".", "..", then its children), each also a lookup's answer (the
+        kernel keeps them as names): recorded like one, so that a switch invalidates these names too."""
         entry, _ = self._decode(ino)
         children = self.store.listdir(entry)  # raises ENOTDIR for a file
         rows = [(b".", entry), (b"..", int(self._ix.parent[entry]))]
         rows += [(name, child - 1) for name, child, _ in children]
-        return [(position, *rows[position]) for position in range(offset, len(rows))]
-
-    def readdir(self, req: int, ino: int, size: int, offset: int) -> None:
-        buf = ll.ctypes.create_string_buffer(size)
-        used = 0
-        st = self._dirent
-        for position, name, child in self._listing(ino, offset):
-            st.st_ino = self.view(child) << VIEW_SHIFT | (child + 1)
-            st.st_mode = int(self._mode[child])
-            n = ll.add_direntry(req, buf, used, name, st, position + 1)
-            if used + n > size:
-                break
-            used += n
-        ll.reply_buf(req, buf.raw[:used], used)
-
-    def readdirplus(self, req: int, ino: int, size: int, offset: int) -> None:
-        """A listing whose every row is also a lookup's answer (the kernel keeps them as names): recorded like
-        one, so that a switch invalidates these names too."""
         buf = ll.ctypes.create_string_buffer(size)
         used = 0
         param = self._plus
-        for position, name, child in self._listing(ino, offset):
+        for position in range(offset, len(rows)):
+            name, child = rows[position]
             view = self.view(child)
             ll.set_entry_ino(param, self._fill(param, ll.ATTR_OFFSET, child, view))
             n = ll.add_direntry_plus(req, buf, used, name, param, position + 1)

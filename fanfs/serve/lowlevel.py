@@ -6,11 +6,12 @@ to), and a reply may be sent later from another thread, so the single request lo
 peer or a slow decode.  ``open`` and ``opendir`` answer ENOSYS: the kernel then stops sending them
 (and release) and keeps every inode's page cache, which an immutable inode makes always right.
 
-Only what a read-only tree needs is bound: lookup, getattr, readlink, read, readdir, readdirplus, statfs;
-the kernel refuses writes on the ``ro`` mount itself.  Listings are always "plus" (names with their
-attributes; READDIRPLUS without the kernel's AUTO heuristic, which asks for them only in a listing's
-first page): a reader that lists a directory first (a training dataset does) then opens every file
-without a lookup request of its own, which halves the requests per file of a first pass.
+Only what a read-only tree needs is bound: lookup, getattr, readlink, read, readdirplus, statfs; the
+kernel refuses writes on the ``ro`` mount itself.  Every listing is "plus" (names with their attributes:
+READDIRPLUS without the kernel's AUTO heuristic, which asks for them only in a listing's first page, so
+the kernel never sends a plain READDIR): a reader that lists a directory first (a training dataset does)
+then opens every file without a lookup request of its own, which halves the requests per file of a
+first pass.
 ``struct fuse_file_info`` (bitfields whose layout moved between libfuse releases) is never read or
 written; the C layouts that are live in :mod:`.structs`.
 """
@@ -76,8 +77,6 @@ def _load() -> ctypes.CDLL:
         "fuse_reply_readlink": (ctypes.c_int, [c_req, ctypes.c_char_p]),
         "fuse_reply_buf": (ctypes.c_int, [c_req, ctypes.c_char_p, ctypes.c_size_t]),
         "fuse_reply_statfs": (ctypes.c_int, [c_req, ctypes.POINTER(StatVfs)]),
-        "fuse_add_direntry": (ctypes.c_size_t, [c_req, _vp, ctypes.c_size_t, ctypes.c_char_p,
-                                                ctypes.POINTER(Stat), ctypes.c_int64]),
         "fuse_add_direntry_plus": (ctypes.c_size_t, [c_req, _vp, ctypes.c_size_t, ctypes.c_char_p,
                                                      ctypes.POINTER(EntryParam), ctypes.c_int64]),
         "fuse_lowlevel_notify_inval_entry": (ctypes.c_int, [_vp, c_ino, ctypes.c_char_p, ctypes.c_size_t]),
@@ -125,7 +124,6 @@ class FileSystem(Protocol):
     def getattr(self, req: int, ino: int) -> None: ...
     def readlink(self, req: int, ino: int) -> None: ...
     def read(self, req: int, ino: int, size: int, offset: int) -> None: ...
-    def readdir(self, req: int, ino: int, size: int, offset: int) -> None: ...
     def readdirplus(self, req: int, ino: int, size: int, offset: int) -> None: ...
     def statfs(self, req: int, ino: int) -> None: ...
     def ready(self, session: "Session") -> None: ...
@@ -152,7 +150,6 @@ class Session:
             "open": INO_FI(self._enosys),
             "opendir": INO_FI(self._enosys),
             "read": READ(self._guard(lambda req, ino, size, off, fi: fs.read(req, ino, size, off))),
-            "readdir": READ(self._guard(lambda req, ino, size, off, fi: fs.readdir(req, ino, size, off))),
             "readdirplus": READ(self._guard(lambda req, ino, size, off, fi: fs.readdirplus(req, ino, size, off))),
             "statfs": INO(self._guard(fs.statfs)),
         }
@@ -310,12 +307,6 @@ def reply_readlink(req: int, target: bytes) -> None:
 
 def reply_statfs(req: int, stats: StatVfs) -> None:
     _lib.fuse_reply_statfs(req, ctypes.byref(stats))
-
-
-def add_direntry(req: int, buf: ctypes.Array, used: int, name: bytes, attr: Stat, next_offset: int) -> int:
-    """Append one entry at ``used`` in ``buf``; returns its size (larger than what is left: not added)."""
-    return _lib.fuse_add_direntry(req, ctypes.addressof(buf) + used, len(buf) - used, name, ctypes.byref(attr),
-                                  next_offset)
 
 
 def add_direntry_plus(req: int, buf: ctypes.Array, used: int, name: bytes, param: EntryParam, next_offset: int) -> int:

@@ -83,7 +83,7 @@ INIT = ctypes.CFUNCTYPE(None, _vp, _vp)
 LOOKUP = ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_char_p)
 INO_FI = ctypes.CFUNCTYPE(None, c_req, c_ino, _vp)  # getattr, open, opendir
 INO = ctypes.CFUNCTYPE(None, c_req, c_ino)  # readlink, statfs
-READ = ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t, ctypes.c_int64, _vp)  # read, readdir
+READ = ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t, ctypes.c_int64, _vp)  # read, readdirplus
 
 # struct fuse_lowlevel_ops of libfuse 3.14, in order; what is left None gets libfuse's default reply.
 _OPS = ("init", "destroy", "lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink",
