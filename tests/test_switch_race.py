@@ -21,6 +21,7 @@ import pytest
 import xxhash
 from fanfs_command import fanfs
 from photo_samples import make_photo_set
+from support.processes import kernel_state
 from PIL import Image
 
 from fanfs.serve.control import request
@@ -80,7 +81,9 @@ def _race(mnt: Path, names: list[str], valid: dict[str, set[int]], decodes: dict
     """``readers`` processes read (``_reader``) while the mount cycles through ``settings`` every ``pause``
     seconds; returns (reads, switches, problems)."""
     deadline = time.monotonic() + seconds
-    with mp.get_context("fork").Pool(readers) as pool:
+    pool = mp.get_context("fork").Pool(readers)
+    workers = list(pool._pool)  # noqa: SLF001 - their pids, to report one that does not end
+    try:
         pending = pool.map_async(_reader, [(str(mnt), names, valid, deadline, seed, decodes) for seed in range(readers)])
         switches = 0
         while time.monotonic() < deadline:
@@ -90,6 +93,14 @@ def _race(mnt: Path, names: list[str], valid: dict[str, set[int]], decodes: dict
             switches += 1
             time.sleep(pause)
         results = pending.get(timeout=120)
+    finally:
+        pool.close()
+        ends = time.monotonic() + 60
+        for worker in workers:
+            worker.join(timeout=max(0.0, ends - time.monotonic()))
+        stuck = [kernel_state(worker.pid) for worker in workers if worker.is_alive()]  # a hang: say where
+        pool.terminate()
+        assert not stuck, "readers that did not end:\n" + "\n".join(stuck)
     return sum(r for r, _ in results), switches, [p for _, ps in results for p in ps]
 
 

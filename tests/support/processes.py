@@ -45,3 +45,23 @@ def mpi_segments_left(before: set[str], hosts: int) -> list[str]:
             groups.setdefault(job, set()).add(host)
     return sorted(f"{job}_{host}" for job, found in groups.items() if found == {str(n) for n in range(hosts)}
                   for host in found)
+
+
+def kernel_state(pid: int) -> str:
+    """Where a process is in the kernel: its state, wait channel and kernel stack (root reads the stack), per
+    thread; for the report of a process that did not end when it should have."""
+    lines = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return f"{pid}: gone"
+    for tid in tids:
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            state = Path(f"{base}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = Path(f"{base}/wchan").read_text()
+            stack = Path(f"{base}/stack").read_text().strip().replace("\n", " <- ")
+        except OSError as err:
+            state, wchan, stack = "?", "?", str(err)
+        lines.append(f"{pid}/{tid} [{state}] {wchan}: {stack}")
+    return "\n".join(lines)
