@@ -81,7 +81,7 @@ def small(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def measured(mixed):
     """One measurement of the mixed tree (the slow part), re-decided under different demands."""
-    sel = select(str(mixed), Demand(), fraction=0.02, cap=4 << 20)
+    sel = select(str(mixed), Demand(), fraction=0.02, cap=4 << 20, timing=0.04)  # quicker, noisier timings
     return sel
 
 
@@ -219,10 +219,17 @@ def test_rate_units():
 # the command
 
 
+@pytest.mark.parametrize("timing", ["0", "-1", "nan", "inf", "soon"])
+def test_bad_timing_is_one_line(small, timing):
+    done = fanfs("select", small, "--timing", timing, check=False)
+    assert done.returncode == 2 and "--timing: expected a number of seconds above 0" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.slow
 def test_select_cli_json_plan_and_plot(small, tmp_path):
     plan_file, png = tmp_path / "plan.json", tmp_path / "pareto.png"
-    done = fanfs("select", small, "--rate", "1MB/s", "--sample-cap", "2M", "--json", "-o", plan_file,
+    done = fanfs("select", small, "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "2M", "--json", "-o", plan_file,
                  "--plot", png, "--jobs", "2")
     report = json.loads(done.stdout)
     assert report["feasible"] and report["demand"]["mode"] == "async"
@@ -235,14 +242,14 @@ def test_select_cli_json_plan_and_plot(small, tmp_path):
     plan = Plan.load(str(plan_file))
     text = next(c for c in report["classes"] if c["class"] == "text")
     assert plan.table["text"]["codec"] == text["chosen"]
-    table = fanfs("select", small / "text", "--rate", "1MB/s", "--sample-cap", "1M", "--mode", "sync").stdout
+    table = fanfs("select", small / "text", "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "1M", "--mode", "sync").stdout
     assert "candidate" in table and "<== chosen" in table and "decode >=" in table
 
 
 @pytest.mark.slow
 def test_infeasible_is_reported_and_writes_no_plan(small, tmp_path):
     plan_file = tmp_path / "plan.json"
-    done = fanfs("select", small / "text", "--rate", "1MB/s", "--sample-cap", "1M", "--capacity", "100K", "--nodes", "2",
+    done = fanfs("select", small / "text", "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "1M", "--capacity", "100K", "--nodes", "2",
                  "--replicas", "2", "-o", plan_file, check=False)
     assert done.returncode == 1
     assert "DOES NOT FIT" in done.stdout and "INFEASIBLE" in done.stdout
@@ -354,7 +361,7 @@ def test_float_class_measures_float_records_and_elf_and_a_plan_can_choose_them(t
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(silero(), src / "silero.safetensors")
-    plain = json.loads(fanfs("select", src, "--json", "--sample-cap", "2M").stdout)
+    plain = json.loads(fanfs("select", src, "--timing", "0.04", "--json", "--sample-cap", "2M").stdout)
     floats = next(c for c in plain["classes"] if c["class"] == "float")
     families = {c["spec"].split("+")[0] for c in floats["candidates"]}
     assert "float" in families and not any(f.startswith("elf") for f in families)
@@ -362,7 +369,7 @@ def test_float_class_measures_float_records_and_elf_and_a_plan_can_choose_them(t
     assert all(c["record"] == {"kind": "float", "elf": False, "error": None} and c["decode_MBps"] > 0 for c in lossless)
     assert max(c["ratio"] for c in lossless) > 1.2  # silero: ~1.28 as float records
     plan_file = tmp_path / "plan.json"
-    report = json.loads(fanfs("select", src, "--json", "--sample-cap", "2M", "--float-error", "1e-4",
+    report = json.loads(fanfs("select", src, "--timing", "0.04", "--json", "--sample-cap", "2M", "--float-error", "1e-4",
                               "-o", plan_file).stdout)
     floats = next(c for c in report["classes"] if c["class"] == "float")
     chosen = next(c for c in floats["candidates"] if c["chosen"])

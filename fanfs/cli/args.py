@@ -34,6 +34,17 @@ def count(text: str) -> int:
     return int(text)
 
 
+def seconds(text: str) -> float:
+    """A duration above 0, in seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
 def positive_size(text: str) -> int:
     value = size(text)
     if value < 1:

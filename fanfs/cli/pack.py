@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from ..util.units import human_rate, human_size
 from ..records import kinds
-from .args import positive, positive_size, print_json, size
+from .args import positive, positive_size, print_json, seconds, size
 from .presentation import adder
 
 Command = Callable[[argparse.Namespace], int]
@@ -60,7 +60,8 @@ def cmd_select(args: argparse.Namespace) -> int:
     if not 0 < fraction <= 1:
         raise ValueError(f"--sample must be more than 0% and at most 100%, not {args.sample}")
     sel = select(args.src, demand, fraction=fraction, cap=args.sample_cap, seed=args.seed, jobs=args.jobs,
-                 float_error=False if args.float_error is None else args.float_error.bound)
+                 float_error=False if args.float_error is None else args.float_error.bound,
+                 **({"timing": args.timing} if args.timing else {}))
     if args.json:
         print_json(selection_json(sel))
     else:
@@ -118,6 +119,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--plot", metavar="PNG", help="ratio against decode speed per class, feasible region and choice")
     p.add_argument("--sample-cap", type=size, default="16M", help="bytes read per class (default 16M)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--timing", type=seconds, metavar="SECONDS",
+                   help="how long each of the ~100 candidates' decoding is timed (default 0.2: a select takes ~20 s; "
+                        "less is quicker and noisier)")
     for kind in kinds().values():
         kind.select_options(adder(p))
     p.add_argument("--jobs", "-j", type=positive, default=1,

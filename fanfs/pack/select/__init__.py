@@ -73,7 +73,7 @@ from ...util.workers import process_pool
 from ..classify import CLASSES
 from .decide import Selection, decide, make_plan
 from .demand import Demand, SelectError, parse_fraction, parse_rate
-from .measure import measure_class
+from .measure import DECODE_MIN_SECONDS, measure_class
 from .report import format_report, plot, selection_json
 from .sample import SampledFile, draw_sample
 
@@ -82,8 +82,9 @@ __all__ = ["Demand", "SelectError", "Selection", "format_report", "make_plan", "
 
 
 def select(src: str, demand: Demand, fraction: float = 0.02, cap: int = 16 << 20, seed: int = 0,
-           jobs: int = 1, float_error: float | None | bool = False) -> Selection:
-    """``float_error``: also measure ELF float records for the float class (a bound; None: the dtype's limit)."""
+           jobs: int = 1, float_error: float | None | bool = False, timing: float = DECODE_MIN_SECONDS) -> Selection:
+    """``float_error``: also measure ELF float records for the float class (a bound; None: the dtype's limit).
+    ``timing``: seconds each candidate's decoding is timed (about a hundred candidates in all)."""
     started = time.monotonic()
     sample = draw_sample(src, fraction, seed)
     if not sample.sampled:
@@ -95,7 +96,7 @@ def select(src: str, demand: Demand, fraction: float = 0.02, cap: int = 16 << 20
     raw_est = {c: sum(f.size * f.weight for f in fs) for c, fs in by_class.items()}
     scale = sample.bytes / max(1.0, sum(raw_est.values()))
     names = [c for c in CLASSES if c in by_class]
-    args = [(c, by_class[c], cap, seed, raw_est[c] * scale, float_error) for c in names]
+    args = [(c, by_class[c], cap, seed, raw_est[c] * scale, float_error, timing) for c in names]
     if jobs > 1 and len(args) > 1:
         with process_pool(min(jobs, len(args))) as pool:
             classes = list(pool.map(measure_class, *zip(*args)))

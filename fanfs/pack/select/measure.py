@@ -56,9 +56,10 @@ class Candidate:
                 "measured_bytes": self.measured_bytes, "measured_units": self.measured_units}
 
 
-def measure(codec: Codec, units: list[bytes], budget: float | None = ENCODE_BUDGET) -> Candidate:
+def measure(codec: Codec, units: list[bytes], budget: float | None = ENCODE_BUDGET,
+            timing: float = DECODE_MIN_SECONDS) -> Candidate:
     """Encode units in order (stopping after ``budget`` seconds and MIN_ENCODE_BYTES), then time decoding
-    the encoded ones for at least DECODE_MIN_SECONDS."""
+    the encoded ones for at least ``timing`` seconds."""
     cand = Candidate(codec, "")
     encoded: list[tuple[bytes, int]] = []
     spent = 0.0
@@ -96,7 +97,7 @@ def measure(codec: Codec, units: list[bytes], budget: float | None = ENCODE_BUDG
             decode(packed, n)
         reps += 1
         elapsed = perf() - t0
-        if elapsed >= DECODE_MIN_SECONDS:
+        if elapsed >= timing:
             break
     cand.decode_Bps = covered * reps / elapsed
     return cand
@@ -134,10 +135,11 @@ class ClassResult:
 
 
 def measure_class(name: str, files: list[SampledFile], cap: int, seed: int, bytes_est: float,
-                  float_error: float | None | bool = False) -> ClassResult:
+                  float_error: float | None | bool = False, timing: float = DECODE_MIN_SECONDS) -> ClassResult:
     """Measure every candidate of one class on its sample.
 
     ``float_error``: also measure ELF float records within this bound (None: at the dtype's limit; False: not).
+    ``timing``: seconds each candidate's decoding is timed.
     """
     rng = random.Random(f"{seed}:{name}")
     result = ClassResult(name, len(files), sum(f.weight for f in files), bytes_est)
@@ -156,7 +158,7 @@ def measure_class(name: str, files: list[SampledFile], cap: int, seed: int, byte
 
     def add(family: str, codec: Codec, ref: Candidate | None = None, over: list[bytes] | None = None) -> Candidate:
         over = units if over is None else over
-        cand = measure(codec, over, None if ref is None else ENCODE_BUDGET)
+        cand = measure(codec, over, None if ref is None else ENCODE_BUDGET, timing)
         cand.family = family
         if ref is not None and cand.measured_units < len(over):
             k = cand.measured_units
