@@ -38,6 +38,31 @@ def test_pack_verify_against_source(torture):
     assert done.stdout.startswith("ok:")
 
 
+def test_verify_against_sees_data_written_into_a_hole(tmp_path):
+    """verify --against skips chunks that are holes on both sides; a byte written into the source's hole since
+    the pack (data where the store has a hole) is still found, and so is a source grown longer."""
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "sparse.img", "wb") as f:
+        f.write(b"head")
+        f.truncate(64 << 20)
+    store = tmp_path / "store"
+    fanfs("pack", src, store, "--quiet")
+    assert fanfs("verify", store, "--against", src, "--quiet").stdout.startswith("ok:")
+    with open(src / "sparse.img", "r+b") as f:
+        f.seek(40 << 20)
+        f.write(b"x")
+    done = fanfs("verify", store, "--against", src, "--quiet", check=False)
+    assert done.returncode != 0 and "sparse.img: bytes differ from the source in chunk 40" in done.stdout + done.stderr
+    with open(src / "sparse.img", "r+b") as f:
+        f.seek(40 << 20)
+        f.write(b"\0")
+        f.seek(0, os.SEEK_END)
+        f.write(b"tail")
+    done = fanfs("verify", store, "--against", src, "--quiet", check=False)
+    assert done.returncode != 0 and "sparse.img: the source is longer" in done.stdout + done.stderr
+
+
 def test_every_file_byte_exact_through_mount(torture, mount):
     src, store = torture
     with mount(store) as mnt:

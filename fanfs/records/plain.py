@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 
@@ -48,6 +49,22 @@ class PlainFiles(RecordKind):
             parts.append(piece)
             pos += len(piece)
         return b"".join(parts)
+
+    def matches_source(self, reader: Reader, entry: int, source: BinaryIO) -> str | None:
+        """Chunk by chunk; a chunk stored as a hole is compared with the source only where the source has data
+        (``SEEK_DATA``), so a sparse 5 GiB file is not read as 5 GiB of zeros on both sides."""
+        ix = reader.index
+        first, count, size = int(ix.first[entry]), int(ix.count[entry]), int(ix.size[entry])
+        chunk, fd = reader.chunk_size, source.fileno()
+        for i in range(count):
+            start, end = i * chunk, min(size, (i + 1) * chunk)
+            if ix.blob_stored[first + i] == 0 and _data_from(fd, start) >= end:
+                continue  # a hole on both sides
+            source.seek(start)
+            if source.read(end - start) != reader.read(entry, start, end - start):
+                return f"bytes differ from the source in chunk {i} (offset {start})"
+        source.seek(size)
+        return "the source is longer than the stored file" if source.read(1) else None
 
     def check(self, index: Columns, entries: np.ndarray) -> str | None:
         chunk = int(index.meta["chunk_size"])
@@ -103,3 +120,11 @@ def _chunks(fd: int, size: int, digest: Digest) -> Iterator[bytes | int]:
             digest.update(data)
             yield data
         pos += n
+
+
+def _data_from(fd: int, offset: int) -> int:
+    """Where the next data at or after ``offset`` begins (the file's end if none; ``offset`` where holes are unknown)."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as err:
+        return os.fstat(fd).st_size if err.errno == errno.ENXIO else offset
