@@ -390,14 +390,18 @@ class ServerProcess:
         self.store.close()
 
 
-def flood(address, count: int = 2000) -> list[socket.socket]:
-    """Connections held open and silent, as many as the server's listen backlog lets in."""
-    socks = []
-    for _ in range(count):
+def flood(address, count: int = 2000, patience: int = 5) -> list[socket.socket]:
+    """Connections held open and silent, as many as the server's listen backlog lets in: a connect that times
+    out (the backlog is full) is tried again until ``patience`` of them in a row did (a loaded box drains the
+    backlog slowly; stopping at the first left too few connections to flood anything)."""
+    socks: list[socket.socket] = []
+    failed = 0
+    while len(socks) < count and failed < patience:
         try:
             socks.append(socket.create_connection(address, timeout=1))
+            failed = 0
         except OSError:
-            break  # the backlog is full: the rest would wait in SYN
+            failed += 1
     return socks
 
 
