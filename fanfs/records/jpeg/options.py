@@ -92,7 +92,7 @@ def add_pack_options(add: AddOption) -> None:
     add("--scales", type=parse_scales, metavar="S,S",
         help="also store each JPEG record's image downscaled by each factor S (2,4: half and quarter "
              "resolution) as a baseline JPEG, presented at --fidelity 1/S: decodes several times faster "
-             "than the original, costs ~+24%% (1/2) and ~+8%% (1/4) of the store at --tier-quality 80 (README, "
+             "than the original, costs ~+22-25%% (1/2) and ~+7-9%% (1/4) of the store at --tier-quality 80 (README, "
              "'Resolution tiers'; implies --progressive-jpeg; default: none)")
     add("--tier-quality", type=parse_tier_quality, metavar="Q",
         help=f"encode the --scales tiers at JPEG quality Q at most (1-100; a source below Q keeps its own "
