@@ -25,11 +25,13 @@ from support.jpeg_samples import build_samples
 from fanfs.errors import StoreError
 from fanfs.pack.shards import SIDE_GROUP, ShardWriter
 from fanfs.records import FULL, Packed, Presentation, blobs_read, offered, parse, parse_all, setting
+from fanfs.records.jpeg.tiers import libjpeg_tables
 from fanfs.store import Store
 from fanfs.store.format import INDEX_NAME, read_index, shard_header, write_index
 from fanfs.tune.quality import similarity
 
 HALF, QUARTER = parse("fidelity", "1/2"), parse("fidelity", "1/4")
+FORMAT3 = Path(__file__).parent / "fixtures" / "format3" / "store"  # packed before --tier-quality
 SAMPLES = ("cmyk", "exif_orient6", "gray", "s444", "photo_hubble")
 
 
@@ -140,12 +142,15 @@ def test_info_stage_and_offered_values(tiered, tmp_path):
     _, store_path, plain = tiered
     info = json.loads(fanfs("info", store_path, "--fidelity", "1/4", "--json").stdout)
     tiers = info["records"]["jpeg"]["tiers"]
-    assert tiers == {"scales": ["1/2", "1/4"], "records": 28, "without": 1}  # the CMYK sample
+    assert tiers == {"scales": ["1/2", "1/4"], "quality": 80, "records": 28, "without": 1}  # the CMYK sample
     index = Store(str(store_path)).index
     at_quarter = blobs_read(index, Presentation(fidelity=QUARTER))
     assert info["staged"]["stored_bytes"] == int(index.blob_stored[at_quarter].sum())
     assert info["staged"]["capacity_gain"] > 3
-    assert "resolution tiers 1/2, 1/4: 28 records; 1 without" in fanfs("info", store_path).stdout
+    text = fanfs("info", store_path).stdout
+    assert "resolution tiers 1/2, 1/4: 28 records; 1 without" in text and "tier quality: at most 80" in text
+    old = json.loads(fanfs("info", FORMAT3, "--json").stdout)["records"]["jpeg"]["tiers"]  # the sources' tables then
+    assert old["quality"] == 100 and "tier quality: the sources' own (pack --tier-quality 100)" in fanfs("info", FORMAT3).stdout
     assert offered(index, "fidelity")[:3] == [QUARTER, HALF, 1]
     for store, why in ((plain, "pack with --scales"), (store_path, "it holds 1/2, 1/4")):
         done = fanfs("info", store, "--fidelity", "1/3", check=False)
@@ -164,6 +169,78 @@ def test_bad_scales_are_one_line(tiered, tmp_path, scales):
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("fanfs") and \
         "Traceback" not in done.stderr and "scales" in done.stderr, done.stderr
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("quality", ["0", "101", "x", "", "8.5", "-1"])
+def test_bad_tier_quality_is_one_line(tiered, tmp_path, quality):
+    src, _, _ = tiered
+    done = fanfs("pack", src, tmp_path / "store", "--scales", "2,4", "--tier-quality", quality, check=False)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("fanfs") and \
+        "Traceback" not in done.stderr and "tier quality" in done.stderr, done.stderr
+    done = fanfs("pack", src, tmp_path / "store", "--tier-quality", "80", check=False)  # no tiers to encode
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "give --scales" in done.stderr, done.stderr
+    assert not (tmp_path / "store").exists()
+
+
+def test_tiers_are_no_finer_than_quality_80_by_default(tiered):
+    """The source's own quantization on a quarter of the pixels cost 43-45% of the store for --scales 2,4: each
+    step of a tier's tables is the coarser of the source's and libjpeg's at quality 80."""
+    src, store_path, _ = tiered
+    store = Store(str(store_path))
+    limits = libjpeg_tables(80)
+    kept = coarsened = 0
+    for name in jpegs(src):
+        with Image.open(src / name) as im:
+            source, mode = im.quantization, im.mode
+        if mode == "CMYK":
+            continue
+        for value in (HALF, QUARTER):
+            with Image.open(io.BytesIO(store.read_file(name, value))) as tier:
+                tables = tier.quantization
+            assert sorted(tables) == sorted(source), name
+            for slot, table in tables.items():
+                assert list(table) == [max(a, b) for a, b in zip(source[slot], limits[min(slot, 1)])], (name, slot)
+        kept += all(list(tables[slot]) == list(source[slot]) for slot in source)  # a source below quality 80
+        coarsened += any(list(tables[slot]) != list(source[slot]) for slot in source)
+    assert kept >= 3 and coarsened >= 10, (kept, coarsened)
+
+
+def test_tier_quality_trades_tier_bytes_for_sharpness(tiered, tmp_path):
+    """``--tier-quality 100``: the sources' tables (as before the option); 50: smaller tiers, still the reduced
+    image at the right size; full fidelity is the same scans whatever the tiers."""
+    src, store_path, plain = tiered
+    stores = {80: Store(str(store_path))}
+    for quality in (100, 50):
+        fanfs("pack", src, tmp_path / f"q{quality}", "--scales", "2,4", "--tier-quality", str(quality),
+              "--shard-size", "512K", "--quiet")
+        stores[quality] = Store(str(tmp_path / f"q{quality}"))
+        info = json.loads(fanfs("info", tmp_path / f"q{quality}", "--json").stdout)["records"]["jpeg"]["tiers"]
+        assert info["quality"] == quality and info["records"] == 28
+    assert "tier quality: at most 50" in fanfs("info", tmp_path / "q50").stdout
+    names = [name for name in jpegs(src) if name != "cmyk.jpg"]
+    totals = {(q, value): sum(len(s.read_file(name, value)) for name in names) for q, s in stores.items()
+              for value in (HALF, QUARTER)}
+    for value in (HALF, QUARTER):
+        assert totals[50, value] < totals[80, value] < 0.9 * totals[100, value], totals
+    growth = {q: s.meta["totals"]["bytes_stored"] / Store(str(plain)).meta["totals"]["bytes_stored"] - 1
+              for q, s in stores.items()}
+    assert growth[80] < 0.75 * growth[100], growth
+    ssims: dict[int, list[float]] = {2: [], 4: []}
+    for name in names:
+        original = (src / name).read_bytes()
+        full = stores[50].read_file(name)
+        assert full == stores[100].read_file(name) == stores[80].read_file(name), name  # the same scans
+        assert np.array_equal(pixels(full), pixels(original)), name
+        with Image.open(io.BytesIO(original)) as im:
+            width, height = im.size
+        for value, scale in ((HALF, 2), (QUARTER, 4)):
+            data = stores[50].read_file(name, value)
+            with Image.open(io.BytesIO(data)) as im:
+                assert im.size == (math.ceil(width / scale), math.ceil(height / scale)), name
+                assert im.format == "JPEG" and not im.info.get("progressive")
+            ssims[scale].append(similarity(np.asarray(Image.open(io.BytesIO(original)).reduce(scale)), pixels(data))[0])
+    for scale, values in ssims.items():  # quality 50: blurrier (80: ~0.95), still the image
+        assert min(values) >= 0.75 and np.mean(values) >= 0.88, (scale, values)
 
 
 def crafted(store_path: Path, tmp_path: Path, edit) -> Path:
@@ -189,6 +266,8 @@ CRAFTED = {
     "a tier's blob compressed": lambda m, c: c["blob_stored"].__setitem__(
         int(c["first"][_tiered_entry(c)] + c["layers"][_tiered_entry(c)]), 1),
     "an extra blob": lambda m, c: c["count"].__setitem__(_tiered_entry(c), int(c["count"][_tiered_entry(c)]) + 1),
+    "tier quality 0": lambda m, c: m["records"]["jpeg"].update(tier_quality=0),
+    "tier quality not an int": lambda m, c: m["records"]["jpeg"].update(tier_quality="80"),
 }
 
 

@@ -9,7 +9,7 @@ random crops of shipped photos, 250-500 px, qualities 75-95, a seventh grayscale
    core) and run ``fanfs fidelity --source`` on a sample: bytes, SSIM and Pillow decode speed per K
    relative to the originals, and a table comparing the presets at full fidelity and at each one's
    recommended K (smallest K with mean SSIM >= ``--min-ssim``);
-2. the first preset packed again with resolution tiers (``--scales``, default 2,4): the store's growth,
+2. the first preset packed again with resolution tiers (``--scales``, default 2,4, at ``--tier-quality``): the store's growth,
    the bytes staged at each tier, and ``fanfs fidelity``'s tier rows (bytes, SSIM against the image
    reduced as much, decode speed against the originals);
 3. on that store, for K = 1, 2, 5, the recommended K, full and each tier: a fresh mount at K,
@@ -132,6 +132,7 @@ def main() -> int:
     parser.add_argument("--min-ssim", type=float, default=0.95)
     parser.add_argument("--repeat", type=int, default=3, help="fresh-mount epochs per K; the median is shown")
     parser.add_argument("--scales", default="2,4", help="resolution tiers of the first preset's second store (default 2,4)")
+    parser.add_argument("--tier-quality", help="the tiers' --tier-quality (default: pack's)")
     args = parser.parse_args()
 
     with temp_dir(args.workdir, "bench-fidelity-") as work:
@@ -148,10 +149,11 @@ def main() -> int:
         print(preset_table(measured))
         first = args.presets.split(",")[0]
         store = work / f"store-{first}-tiers"
-        tiered = measure_preset(src, store, first, args, "--scales", args.scales)
+        quality = ["--tier-quality", args.tier_quality] if args.tier_quality else []
+        tiered = measure_preset(src, store, first, args, "--scales", args.scales, *quality)
         tiers = [f"1/{s}" for s in args.scales.split(",")]
         costs = tier_costs(store, measured[first]["stored_bytes"], tiers)
-        print(f"\n--scan-script {first} --scales {args.scales}\n{tiered['text']}")
+        print(f"\n--scan-script {first} --scales {args.scales} {' '.join(quality)}\n{tiered['text']}")
         print(table(["tier", "store growth", "staged share", "MB staged"],
                     [[t, c["store_growth"], c["staged_share"], c["staged_bytes"] / 1e6] for t, c in costs.items()]))
         curve = tiered["curve"]

@@ -24,7 +24,7 @@ from ..base import AddOption, Columns, FULL, Packed, Presentation, Reader, Recor
 from .markers import EOI, JpegError, frame, looks_like_jpeg, split_layers
 from .options import DEFAULT_MAX_PIXELS, FIDELITY, add_pack_options, asked, format_fidelity
 from .scans import DEFAULT_SCANS, LIBJPEG, scan_script
-from .tiers import MAX_SCALE, MAX_TIERS, TIER, is_tier, make_tiers
+from .tiers import DEFAULT_TIER_QUALITY, MAX_SCALE, MAX_TIERS, TIER, is_tier, make_tiers
 from .transcode import to_progressive
 
 TIERS_FORMAT = 3
@@ -42,13 +42,14 @@ class JpegRecords(RecordKind):
     setting = FIDELITY
 
     def __init__(self, scans: str = DEFAULT_SCANS, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 scales: tuple[int, ...] = ()) -> None:
+                 scales: tuple[int, ...] = (), tier_quality: int = DEFAULT_TIER_QUALITY) -> None:
         """``scans``: a preset name, ``libjpeg`` or a scan-script file (:func:`.scans.scan_script`);
         ``max_pixels``: larger JPEGs are kept as plain files (the transcode's memory grows with pixels);
-        ``scales``: the resolution tiers to store (none by default)."""
+        ``scales``: the resolution tiers to store (none by default); ``tier_quality``: their JPEG quality at most."""
         self.scan_script = scan_script(scans)
         self.max_pixels = max_pixels
         self.scales = tuple(scales)
+        self.tier_quality = tier_quality
         if self.scales:
             self.since_format = TIERS_FORMAT  # what pack writes; the registry's instance reads every format
 
@@ -188,10 +189,13 @@ class JpegRecords(RecordKind):
         scales = _scales(index)
         if scales:
             tiered = int((index.count[entries] > index.layers[entries]).sum())
-            out["tiers"] = {"scales": [f"1/{s}" for s in scales], "records": tiered,
+            quality = _tier_quality(index)
+            out["tiers"] = {"scales": [f"1/{s}" for s in scales], "quality": quality, "records": tiered,
                             "without": int(entries.size) - tiered}
+            at = "the sources' own" if quality == 100 else f"at most {quality}"
             out["notes"] = [f"resolution tiers {', '.join(out['tiers']['scales'])}: {tiered:,} records; "
-                            f"{entries.size - tiered:,} without (shown at full at a tier fidelity)"]
+                            f"{entries.size - tiered:,} without (shown at full at a tier fidelity)",
+                            f"tier quality: {at} (pack --tier-quality {quality})"]
         packed = (index.meta.get("records") or {}).get(self.name)
         if isinstance(packed, dict) and "scan_script" in packed:  # fanfs 0.1's format-1 stores do not say
             # before the presets, no script meant libjpeg's progression and a script came from a file
@@ -233,7 +237,7 @@ class JpegRecords(RecordKind):
         if len(layers) > MAX_LAYERS:
             return f"{len(layers)} scans, more than {MAX_LAYERS}"
         full = b"".join(layers)
-        tiers = make_tiers(data, self.scales) if self.scales else []
+        tiers = make_tiers(data, self.scales, self.tier_quality) if self.scales else []
         notes = [tiers] if isinstance(tiers, str) else []
         side = [] if notes else [[tier] for tier in tiers]
         return Packed([[layer] for layer in layers], len(full), checksum(full), compress=False, notes=notes, side=side)
@@ -251,7 +255,9 @@ class JpegRecords(RecordKind):
         script = self.scan_script
         config = {"scan_script": script.text if script else None, "scan_preset": script.name if script else LIBJPEG,
                   "max_pixels": self.max_pixels}
-        return {**config, "scales": list(self.scales)} if self.scales else config  # else as before: format 1
+        if not self.scales:
+            return config  # as before tiers: format 1
+        return {**config, "scales": list(self.scales), "tier_quality": self.tier_quality}
 
 
 def _scales(index: Columns) -> tuple[int, ...]:
@@ -259,6 +265,12 @@ def _scales(index: Columns) -> tuple[int, ...]:
     packed = (index.meta.get("records") or {}).get(JpegRecords.name)
     scales = packed.get("scales") if isinstance(packed, dict) else None
     return tuple(scales) if isinstance(scales, list) else ()
+
+
+def _tier_quality(index: Columns) -> int:
+    """The tiers' JPEG quality at most (``pack --tier-quality``); 100 (the sources' tables) in a store packed
+    before the option (checked by :meth:`JpegRecords.check`)."""
+    return int(index.meta["records"][JpegRecords.name].get("tier_quality", 100))
 
 
 def tier_values(index: Columns) -> list[int]:
@@ -289,6 +301,9 @@ def _scales_problem(index: Columns) -> str | None:
     if not (isinstance(scales, list) and 1 <= len(scales) <= MAX_TIERS
             and all(type(s) is int and 2 <= s <= MAX_SCALE for s in scales) and scales == sorted(set(scales))):
         return f"resolution tiers {scales!r}: not up to {MAX_TIERS} increasing factors from 2 to {MAX_SCALE}"
+    quality = packed.get("tier_quality", 100)
+    if not (type(quality) is int and 1 <= quality <= 100):
+        return f"resolution tier quality {quality!r}: not a JPEG quality from 1 to 100"
     if index.meta["format"] < TIERS_FORMAT:
         return f"resolution tiers in a store of format {index.meta['format']}, which cannot hold them"
     return None
