@@ -151,6 +151,10 @@ CTRL_C_POINTS = {
     # SIGINT at exit (returncode -2), after the clean-up and the message
     "importing": 'code.co_filename == "<string>" and "fanfs.pack.shards" in sys.modules',
     "building": 'code.co_filename == "<string>" and "multiprocessing.sharedctypes" in sys.modules',
+    # the store's directory made but not yet claimed by its marker: it was left, and no later pack removes it
+    "claiming": 'code.co_name == "_mark"',
+    # after the last shard, as the pool shuts down: the Ctrl-C was lost and the pack went on to exit 0
+    "pool-ending": 'code.co_name == "shutdown" and code.co_filename.endswith("futures/process.py")',
 }
 
 
