@@ -17,6 +17,11 @@ def entry() -> None:
     handles it (and every error) itself.  Once the command is over, a Ctrl-C could only cut the
     interpreter's own shutdown short (CPython restores the default SIGINT action for it), turning a
     finished command's status into "killed": so it is ignored from then on.
+
+    A KeyboardInterrupt leaving code that ``exec()`` runs from a string (dataclasses and multiprocessing
+    build methods so while the command imports them) makes CPython mark it unhandled, however it is
+    handled later; ``python -m`` then kills itself with SIGINT at exit instead of returning the status.
+    Running a string that raises nothing clears that mark: once ``main`` returns, nothing is unhandled.
     """
     try:
         signal.signal(signal.SIGINT, _interrupted_while_starting)
@@ -25,4 +30,5 @@ def entry() -> None:
     from .main import main
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exec("")  # noqa: S102 - an empty string: clears a stale "unhandled KeyboardInterrupt" (see above)
     sys.exit(code)

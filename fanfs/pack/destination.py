@@ -42,8 +42,8 @@ def _inside(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-def prepare_destination(store: str, src: str, force: bool) -> str:
-    """Refuse an unusable STORE; return the temp directory to build in (beside STORE).
+def prepare_destination(store: str, src: str, force: bool) -> None:
+    """Refuse an unusable STORE, and remove what killed packs of it left.
 
     ``--force`` replaces an empty directory or a fanfs store, never anything else: not a tree that
     holds SRC or lies inside it, not a directory of other files, not a symbolic link.
@@ -68,6 +68,10 @@ def prepare_destination(store: str, src: str, force: bool) -> str:
     if not os.path.isdir(parent):
         raise PackError(f"cannot create {store}: {parent} does not exist")
     _remove_stale(parent, os.path.basename(os.path.abspath(store)))
+
+
+def start_partial(store: str) -> str:
+    """Make and claim the directory to build STORE in (beside it); return its path."""
     tmp = os.path.abspath(store) + f".partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     os.mkdir(tmp)
     _mark(tmp)

@@ -33,7 +33,7 @@ from ..store.walk import Tree, walk
 from ..util.progress import Progress
 from ..util.units import human_size
 from ..util.workers import process_pool
-from .destination import commit, prepare_destination
+from .destination import commit, prepare_destination, start_partial
 from .shards import NoSpace, PackError, ShardJob, ShardResult, pack_shard
 
 __all__ = ["PackError", "PackOptions", "PackReport", "pack"]
@@ -84,7 +84,7 @@ def _pack_shard(job: ShardJob) -> ShardResult:
 
 @contextlib.contextmanager
 def _deferred_interrupt() -> Iterator[Callable[[], bool]]:
-    """Turn SIGINT into a flag the caller checks between waits.
+    """Turn SIGINT into a flag the caller checks between waits; one it has not seen is raised at the end.
 
     A KeyboardInterrupt raised while ``fork()`` runs Python's at-fork hooks is swallowed ("Exception
     ignored"), so a Ctrl-C landing as the pool starts a worker would be lost and the pack would go on.
@@ -98,6 +98,8 @@ def _deferred_interrupt() -> Iterator[Callable[[], bool]]:
         yield lambda: bool(hits)
     finally:
         signal.signal(signal.SIGINT, previous)
+    if hits:  # it came after the caller's last look (as the pool shut down): still a Ctrl-C
+        raise KeyboardInterrupt
 
 
 MIN_SHARD = 1 << 20
@@ -133,15 +135,19 @@ def pack(src: str, store: str, options: PackOptions | None = None,
     for note in tree.skipped:
         if on_warning:
             on_warning(f"skipped {note}")
-    tmp = prepare_destination(store, src, opts.force)
+    prepare_destination(store, src, opts.force)
+    tmp = None
     try:
+        with _deferred_interrupt():  # a Ctrl-C while the directory is made comes once the clean-up below knows it
+            tmp = start_partial(store)
         try:
             report = _pack_into(tmp, tree, opts, started)
         except NoSpace:
             raise _no_space(tmp, store, tree) from None
         commit(tmp, store)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     report.store = store
     report.skipped = tree.skipped
