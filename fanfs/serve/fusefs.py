@@ -45,6 +45,8 @@ VIEW_SHIFT = 32
 ENTRY_MASK = (1 << VIEW_SHIFT) - 1
 SETTLE_SECONDS = 0.2
 """After a switch, names whose lookup was in flight are invalidated again once this long has passed."""
+DIRENTPLUS_MIN = 152
+"""Bytes of the smallest listing row (``fuse_direntplus``: a 128-byte entry_out and a 24-byte dirent, then the name)."""
 WORKERS = 8
 """Threads answering reads that wait on a peer (each mostly blocked in a socket, not on the GIL)."""
 
@@ -222,14 +224,17 @@ class FanfsFS:
         """A directory's rows from ``offset`` on (".", "..", then its children), each also a lookup's answer (the
         kernel keeps them as names): recorded like one, so that a switch invalidates these names too."""
         entry, _ = self._decode(ino)
-        children = self.store.listdir(entry)  # raises ENOTDIR for a file
-        rows = [(b".", entry), (b"..", int(self._ix.parent[entry]))]
-        rows += [(name, child - 1) for name, child, _ in children]
+        if self._types[entry] != DIR:
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        # only the rows this reply can hold (a listing of N names in pages was N names per page: O(N^2))
+        start, fits = max(0, offset - 2), size // DIRENTPLUS_MIN + 1
+        rows = [(b".", entry), (b"..", int(self._ix.parent[entry]))][offset:]
+        first = int(self._ix.first[entry]) + start
+        rows += [(name, first + i) for i, name in enumerate(self._ix.children(entry, start, start + fits))]
         buf = ll.ctypes.create_string_buffer(size)
         used = 0
         param = self._plus
-        for position in range(offset, len(rows)):
-            name, child = rows[position]
+        for position, (name, child) in enumerate(rows, offset):
             view = self.view(child)
             ll.set_entry_ino(param, self._fill(param, ll.ATTR_OFFSET, child, view))
             n = ll.add_direntry_plus(req, buf, used, name, param, position + 1)

@@ -73,12 +73,14 @@ class Index:
             i += 1
         return -1
 
-    def children(self, entry: int) -> list[bytes]:
-        """Names in a directory, sorted; one slice of the path blob, split by the offsets."""
+    def children(self, entry: int, start: int = 0, stop: int | None = None) -> list[bytes]:
+        """Names in a directory, sorted (those from ``start`` to ``stop``); one slice of the path blob, split by
+        the offsets."""
         first, count = int(self.first[entry]), int(self.count[entry])
-        if count == 0:
+        stop = count if stop is None else min(stop, count)
+        if start >= stop:
             return []
-        offsets = self._path_offset[first:first + count + 1].tolist()
+        offsets = self._path_offset[first + start:first + stop + 1].tolist()
         blob = self._paths[offsets[0]:offsets[-1]].tobytes()
         skip = len(self.path(entry)) + (1 if entry else 0)
         base = offsets[0]
