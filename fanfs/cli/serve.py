@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 
 from ..errors import UsageError
@@ -103,6 +104,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
     from ..store import Store
+    from ..tune.curve import save_curve
     from ..tune.fidelity import analyse, format_curve, plot_curve
     from ..util.plots import pyplot
     if args.plot:
@@ -114,6 +116,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         raise UsageError(f"--source {args.source} is not a directory: give the tree the store was packed from")
     curve = analyse(store, args.sample, args.seed, progress=not args.json, timed=args.timed, source=args.source,
                     max_pixels=args.max_pixels)
+    saved = save_curve(store, curve) if args.save else None
     if args.plot:
         plot_curve(curve, args.min_ssim, args.plot)
     if args.json:
@@ -123,6 +126,9 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         print(format_curve(curve, args.min_ssim))
         if args.plot:
             print(f"plot: {args.plot}")
+    if saved:
+        print(f"saved: {saved} (auto:SSIM on this store now reads it: mounts, jobs and fsspec readers measure nothing)",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -221,14 +227,18 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "100, a few ms per image and K; 0: no timing); speeds are relative to the full presentation")
     p.add_argument("--source", metavar="DIR",
                    help="the tree the store was packed from: decode speed relative to the original files too")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0: the same images each run)")
     p.add_argument("--min-ssim", type=float, default=0.95, help="quality bar for the recommendation (default 0.95)")
     p.add_argument("--max-pixels", type=positive_size, default="64M", metavar="N",
                    help="sampled records with more pixels are skipped, as are those smaller than SSIM's 11x11 "
                         "window; the report says how many (default 64M = 67,108,864, pack's --max-pixels: measuring "
                         "needs ~16 bytes per pixel per worker)")
     p.add_argument("--plot", metavar="PNG", help="write a plot of both curves, the bytes and the decode speed")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--save", action="store_true",
+                   help="keep the curve with the store (STORE/fidelity.json, beside the index): every mount, job and "
+                        "fsspec reader of the store then looks auto:SSIM up in it and measures nothing (needs write "
+                        "access to the store's directory)")
+    p.add_argument("--json", action="store_true", help="the curve and the recommendation as JSON on stdout")
 
     p = command("stats", cmd_stats, "what a running mount has served")
     p.add_argument("mountpoint")

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import numpy as np
 
@@ -29,47 +30,17 @@ from ..util.plots import pyplot
 from ..util.progress import Progress
 from ..util.runtime import create_private, runtime_dir
 from ..util.workers import process_pool
+from .curve import FidelityCurve, reasons, saved_curve
 from .quality import WIN
 
+__all__ = ["FidelityCurve", "analyse", "auto_fidelity", "format_curve", "plot_curve"]
 
-@dataclass
-class FidelityCurve:
-    """Per K = 1..len(ks): means over the sampled images (an image with fewer layers than K is whole)."""
-
-    store_id: str
-    images: int
-    ks: list[int]
-    bytes_fraction: list[float]
-    ssim: list[float]
-    ms_ssim: list[float]
-    decode_vs_full: list[float] = field(default_factory=list)
-    """Per K, median over the timed images of decode time at full / at K (> 1: faster); empty if none timed."""
-    decode_vs_source: list[float] = field(default_factory=list)
-    """Per K, the same against the original file; empty without the source tree."""
-    timed: int = 0
-    with_source: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    """Sampled records left out of the means, by reason (too small for SSIM's window, too many pixels)."""
-    tiers: list[dict] = field(default_factory=list)
-    """Per resolution tier (``fidelity``: ``1/2``): ``records`` that have it and, over them, ``bytes_fraction``,
-    ``ssim`` and ``ms_ssim`` against the full image reduced as much; when timed ``decode_vs_full`` (and
-    ``decode_vs_source``), as for K.  Not candidates of ``recommend``: their SSIM is at another size."""
-
-    def skip_note(self) -> str:
-        """``skipped 3 of 100 sampled records: 2 smaller than 11x11 pixels ...`` (when some were)."""
-        left_out = sum(self.skipped.values())
-        return f"skipped {left_out} of {self.images + left_out} sampled records: {_reasons(self.skipped)}"
-
-    def recommend(self, min_ssim: float) -> int:
-        """Smallest K whose mean SSIM reaches ``min_ssim``; FULL when none does."""
-        for k, value in zip(self.ks, self.ssim):
-            if value >= min_ssim:
-                return k
-        return FULL
+log = logging.getLogger("fanfs")
 
 
 AUTO_SAMPLE = 100
-"""Images sampled for ``--fidelity auto:SSIM`` (the curve is measured once per store and cached, untimed)."""
+"""Images sampled for ``--fidelity auto:SSIM`` when the store has no saved curve (measured once per store and node,
+cached in the runtime directory, untimed)."""
 
 _store: Store | None = None  # the store being measured; forked workers inherit it
 
@@ -116,10 +87,6 @@ def _reduced(pixels: np.ndarray, scale: int) -> np.ndarray:
     """The decoded image reduced ``scale`` times by box averaging (how pack made the tier)."""
     from PIL import Image
     return np.asarray(Image.fromarray(pixels).reduce(scale))
-
-
-def _reasons(skipped: dict[str, int]) -> str:
-    return ", ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
 
 
 def _unmeasurable(store: Store, entry: int, max_pixels: int) -> str | None:
@@ -186,12 +153,12 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
         raise StoreError(f"{store.root} holds no progressive JPEG records: pack with --progressive-jpeg")
     rng = np.random.default_rng(seed)
     sampled = np.sort(rng.choice(records, size=min(sample, records.size), replace=False)).tolist()
-    reasons = [_unmeasurable(store, entry, max_pixels) for entry in sampled]
-    chosen = np.array([entry for entry, why in zip(sampled, reasons) if why is None], np.int64)
-    skipped = dict(Counter(why for why in reasons if why))
+    whys = [_unmeasurable(store, entry, max_pixels) for entry in sampled]
+    chosen = np.array([entry for entry, why in zip(sampled, whys) if why is None], np.int64)
+    skipped = dict(Counter(why for why in whys if why))
     if chosen.size == 0:
         raise StoreError(f"{store.root}: none of the {len(sampled)} sampled JPEG records can be measured "
-                         f"({_reasons(skipped)}): give a fidelity K or full instead of measuring")
+                         f"({reasons(skipped)}): give a fidelity K or full instead of measuring")
     top = int(store.index.layers[chosen].max())
     curve = FidelityCurve(store.meta["store_id"], int(chosen.size), list(range(1, top + 1)), [], [], [],
                           skipped=skipped)
@@ -249,15 +216,19 @@ def _tier_row(value: int, rows: np.ndarray, vs_full: np.ndarray | None, vs_sourc
     return row
 
 
-def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = False,
+def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = True,
                  jobs: int | None = None) -> FidelityCurve:
-    """The curve for ``auto`` fidelity, measured once per store and sample and kept in the runtime dir."""
+    """The curve for ``auto`` fidelity of a store without a saved one: measured once per store and sample on this
+    node and kept in the runtime directory.  A measurement says first what it does and how to avoid it."""
     path = os.path.join(runtime_dir(), f"fidelity-{store.meta['store_id']}-{sample}-{seed}.json")
     try:
         with open(path) as f:
             return FidelityCurve(**json.load(f))
     except (OSError, ValueError, TypeError):
         pass
+    log.warning("fanfs: measuring the fidelity curve of %s on %d sampled images for auto fidelity (once per store on "
+                "this node; 'fanfs fidelity %s --save' measures it once and keeps it with the store for every node, job "
+                "and reader)", store.root, sample, store.root)
     curve = analyse(store, sample, seed, jobs, progress=progress)
     tmp = f"{path}.{os.getpid()}"
     with open(create_private(tmp), "w") as f:
@@ -267,12 +238,16 @@ def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = Fals
 
 
 def auto_fidelity(store: Store, min_ssim: float, jobs: int | None = None) -> tuple[int, str]:
-    """``auto:SSIM``: the smallest K whose mean SSIM reaches ``min_ssim``, and a line saying so."""
-    curve = cached_curve(store, AUTO_SAMPLE, jobs=jobs)
+    """``auto:SSIM``: the smallest K whose mean SSIM reaches ``min_ssim`` on the curve saved with the store (else
+    measured: :func:`cached_curve`), and a line saying so."""
+    curve = saved_curve(store)
+    origin = "saved with the store" if curve is not None else "measured on this node"
+    if curve is None:
+        curve = cached_curve(store, AUTO_SAMPLE, jobs=jobs)
     k = curve.recommend(min_ssim)
     skipped = f"; {curve.skip_note()}" if curve.skipped else ""
     return k, (f"fidelity auto:{min_ssim} -> {'full' if k == FULL else k} (smallest K with mean SSIM >= "
-               f"{min_ssim} over {curve.images} sampled images{skipped})")
+               f"{min_ssim} over {curve.images} sampled images, {origin}{skipped})")
 
 
 def _resolve_auto(store: Store, auto: Auto, processes: int | None) -> tuple[int, str]:
