@@ -78,13 +78,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     p = command("verify", cmd_verify, "re-check every checksum of a store (and with --against, every byte)")
-    p.add_argument("store")
+    p.add_argument("store", help="the store directory")
     p.add_argument("--against", metavar="SRC", help="also compare with the source tree")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     p = command("info", cmd_info, "what a store holds: files, bytes, ratio per codec, shards")
-    p.add_argument("store")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("store", help="the store directory")
+    p.add_argument("--json", action="store_true", help="the same as JSON")
     p.add_argument("--nodes", type=positive, metavar="N", help="also show how N nodes would hold the shards")
     p.add_argument("--replicas", type=positive, default=1, help="with --nodes: copies of each shard (default 1)")
     add_presentation_options(p, what=". Shown: the bytes a job staged at this presentation holds (per node with "
