@@ -91,3 +91,20 @@ def test_info_says_what_its_columns_are_on_a_tiered_store(tiered):
     assert "codec   files  full size     stored   ratio" in text
     assert "stored: their bytes in the shards, resolution tiers included" in text
     assert re.search(r"resolution tiers 1/2: 12 records, \S+ \S+ stored \(\+\d+% over their scans\)", text), text
+
+
+@pytest.mark.timeout(120)
+def test_the_cluster_bench_counts_what_a_loader_skips_and_stops_at_a_dead_reader(tmp_path):
+    """bench_cluster --emulate on a photo folder holding a file that is no image hung for an hour: a reader died
+    on it and the bench waited on its queue.  Now such a file is counted as a loader's error handling would, and
+    a reader that dies (here: a file gone) ends the epoch at once."""
+    from bench_emulated import epoch, is_image
+    root = tmp_path / "images"
+    make_photo_set(root, 4)
+    (root / "notes.jpg").write_text("a text file with an image's name\n")
+    rels = sorted(p.name for p in root.iterdir())
+    assert [is_image(root / rel) for rel in rels].count(False) == 1
+    done = epoch([root], rels, readers=2, decode=True)
+    assert done["undecodable"] == 1 and done["total"] > 0
+    with pytest.raises(RuntimeError, match="a reader died"):  # the old code waited an hour: the timeout fails it
+        epoch([root], [*rels, "gone.jpg"], readers=2, decode=True)
