@@ -287,25 +287,34 @@ def format_curve(curve: FidelityCurve, min_ssim: float) -> str:
 
 
 def plot_curve(curve: FidelityCurve, min_ssim: float, path: str) -> None:
-    """Quality and bytes per K; below them, when timed, the decode speed per K."""
+    """Quality and bytes per K, then per resolution tier (right of the Ks, marked apart: their SSIM is against the
+    image reduced as much); below them, when timed, the decode speed of each."""
     plt = pyplot()
     timed = bool(curve.decode_vs_full)
-    fig, axes = plt.subplots(2 if timed else 1, 1, figsize=(7, 7 if timed else 4.2), dpi=120, sharex=True,
+    fig, axes = plt.subplots(2 if timed else 1, 1, figsize=(10, 7 if timed else 4.2), dpi=120, sharex=True,
                              squeeze=False, gridspec_kw={"height_ratios": [3, 2]} if timed else None)
     ax = axes[0, 0]
     ax.plot(curve.ks, curve.ssim, "o-", label="SSIM vs full")
     ax.plot(curve.ks, curve.ms_ssim, "s-", label="MS-SSIM vs full")
     ax.plot(curve.ks, curve.bytes_fraction, "^--", color="gray", label="bytes read (fraction of full)")
     ax.axhline(min_ssim, color="red", lw=0.8, ls=":", label=f"SSIM bar {min_ssim}")
+    tiers = [t for t in curve.tiers if "ssim" in t]  # a tier no sampled record has has no point
+    at = [len(curve.ks) + 1 + i for i in range(len(tiers))]
+    if tiers:
+        ax.plot(at, [t["ssim"] for t in tiers], "D", color="tab:blue", mfc="none", ms=8,
+                label="SSIM of a resolution tier vs the image reduced as much")
+        ax.plot(at, [t["bytes_fraction"] for t in tiers], "v", color="gray", ms=8, label="bytes read at a tier")
     best = curve.recommend(min_ssim)
     for a in axes[:, 0]:
         if best != FULL:
             a.axvline(best, color="green", lw=1, ls="--", label=f"recommended K = {best}" if a is ax else None)
-        a.set_xticks(curve.ks)
+        if tiers:
+            a.axvline(len(curve.ks) + 0.5, color="black", lw=0.6)
+        a.set_xticks(curve.ks + at, [str(k) for k in curve.ks] + [t["fidelity"] for t in tiers])
         a.grid(alpha=0.3)
     ax.set_ylabel("mean over sample")
     ax.set_ylim(0, 1.02)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside the axes: over them it hid points
     ax.set_title(f"fanfs fidelity: quality and bytes per K ({curve.images} images)")
     if timed:
         speed = axes[1, 0]
@@ -313,11 +322,17 @@ def plot_curve(curve: FidelityCurve, min_ssim: float, path: str) -> None:
         if curve.decode_vs_source:
             speed.plot(curve.ks, curve.decode_vs_source, "s-", color="darkorange",
                        label=f"vs the original file ({curve.with_source} images)")
+        tier_speeds = []
+        for key, marker, colour in (("decode_vs_full", "o", "purple"), ("decode_vs_source", "s", "darkorange")):
+            points = [(x, t[key]) for x, t in zip(at, tiers) if key in t]
+            if points:
+                speed.plot(*zip(*points), marker, color=colour, mfc="none", ms=8)
+                tier_speeds += [v for _, v in points]
         speed.axhline(1.0, color="black", lw=0.8)
-        speed.set_ylim(0, max([1.1, *curve.decode_vs_full, *curve.decode_vs_source]) * 1.05)
+        speed.set_ylim(0, max([1.1, *curve.decode_vs_full, *curve.decode_vs_source, *tier_speeds]) * 1.05)
         speed.set_ylabel(f"decode speed (x; median of {curve.timed})")
-        speed.legend(loc="upper right", fontsize=8)
-    axes[-1, 0].set_xlabel("fidelity K (scan groups presented)")
+        speed.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    axes[-1, 0].set_xlabel("fidelity K (scan groups presented)" + (", then resolution tiers 1/S" if tiers else ""))
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
