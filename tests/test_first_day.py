@@ -108,3 +108,12 @@ def test_the_cluster_bench_counts_what_a_loader_skips_and_stops_at_a_dead_reader
     assert done["undecodable"] == 1 and done["total"] > 0
     with pytest.raises(RuntimeError, match="a reader died"):  # the old code waited an hour: the timeout fails it
         epoch([root], [*rels, "gone.jpg"], readers=2, decode=True)
+
+
+def test_the_install_lines_name_what_an_index_has():
+    """fanfs is installed from its checkout: no message or page may say 'pip install fanfs[...]' (no index has it),
+    and the environment tools/setup makes (tools/demo's) has fsspec, which the README's reading without FUSE needs."""
+    setup = (REPO / "tools" / "setup").read_text()
+    assert re.search(r'^extras="mpi,fsspec"', setup, re.MULTILINE), setup
+    texts = {path: path.read_text() for path in [REPO / "README.rst", *(REPO / "fanfs").rglob("*.py")]}
+    assert not [path for path, text in texts.items() if re.search(r"pip install '?fanfs\[", text)]
