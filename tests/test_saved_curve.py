@@ -144,6 +144,7 @@ def test_a_crafted_saved_curve_is_refused_with_one_line(saved, tmp_path, how):
     if how in ("other store", "other index", "edited", "garbage", "huge", "symlink", "fifo", "newer format"):
         checked = fanfs("verify", copy, "--quiet", check=False, timeout=60)  # the container's checks: verify's too
         assert checked.returncode == 1 and str(path) in checked.stderr, how
+    assert "fidelity   the saved curve is refused: " in fanfs("info", copy).stdout  # info still says the rest
     with pytest.raises(Exception, match=CURVE):
         saved_curve(Store(str(copy), check_shards=False))
 
@@ -154,6 +155,7 @@ def test_a_store_with_a_saved_curve_is_still_a_store(saved, tmp_path):
     copy = tmp_path / "store"
     shutil.copytree(store, copy)
     assert f"{CURVE}: a measurement saved with this index, intact" in fanfs("verify", copy, "--quiet").stdout
+    assert "fidelity   curve saved with the store (24 sampled images; auto:0.95 -> " in fanfs("info", copy).stdout
     staged = fanfs("stage", copy, tmp_path / "local", "--fidelity", "auto:0.95", "--quiet")
     assert "fanfs: error" not in staged.stderr and (tmp_path / "local").is_dir()
     fanfs("pack", store.parent / "src", copy, "--force", "--quiet")  # refused before: "not a fanfs store"
