@@ -115,5 +115,6 @@ def test_the_install_lines_name_what_an_index_has():
     and the environment tools/setup makes (tools/demo's) has fsspec, which the README's reading without FUSE needs."""
     setup = (REPO / "tools" / "setup").read_text()
     assert re.search(r'^extras="mpi,fsspec"', setup, re.MULTILINE), setup
-    texts = {path: path.read_text() for path in [REPO / "README.rst", *(REPO / "fanfs").rglob("*.py")]}
+    texts = {path: path.read_text() for path in [REPO / "README.rst", *(REPO / "docs").glob("*.rst"),
+                                                 *(REPO / "fanfs").rglob("*.py")]}
     assert not [path for path, text in texts.items() if re.search(r"pip install '?fanfs\[", text)]

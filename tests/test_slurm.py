@@ -19,7 +19,7 @@ from fanfs_command import fanfs
 from support.slurm_jobs import NODES, assert_nothing_left, leftovers, reports, submit
 
 
-pytestmark = pytest.mark.slow  # see README, 'Tests'
+pytestmark = pytest.mark.slow  # see docs/userguide.rst, 'Quick start'
 
 
 @pytest.fixture(scope="module", autouse=True)
