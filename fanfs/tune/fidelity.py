@@ -17,6 +17,7 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 
 import numpy as np
@@ -144,10 +145,13 @@ def _time_decodes(store: Store, entries: list[int], top: int, source: str | None
 
 
 def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = None, progress: bool = True,
-            timed: int = 0, source: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> FidelityCurve:
+            timed: int = 0, source: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
+            starting: Callable[[int], None] | None = None) -> FidelityCurve:
     """Measure the curve on ``sample`` records chosen with ``seed`` (parallel over ``jobs`` processes),
     and the decode speed on ``timed`` of them (first, in this process, against the originals under ``source``).
-    Records that cannot be measured (:func:`_unmeasurable`) are left out and counted in ``skipped``."""
+    Records that cannot be measured (:func:`_unmeasurable`) are left out and counted in ``skipped``.
+    ``starting(n)``: told once the n records to measure are known, before the long part (a store with none is an
+    error before it)."""
     records = np.flatnonzero(store.index.record == JpegRecords.kind_id)
     if records.size == 0:
         raise StoreError(f"{store.root} holds no progressive JPEG records: pack with --progressive-jpeg")
@@ -159,6 +163,8 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
     if chosen.size == 0:
         raise StoreError(f"{store.root}: none of the {len(sampled)} sampled JPEG records can be measured "
                          f"({reasons(skipped)}): give a fidelity K or full instead of measuring")
+    if starting is not None:
+        starting(int(chosen.size))
     top = int(store.index.layers[chosen].max())
     curve = FidelityCurve(store.meta["store_id"], int(chosen.size), list(range(1, top + 1)), [], [], [],
                           skipped=skipped)
@@ -226,10 +232,13 @@ def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = True
             return FidelityCurve(**json.load(f))
     except (OSError, ValueError, TypeError):
         pass
-    log.warning("fanfs: measuring the fidelity curve of %s on %d sampled images for auto fidelity (once per store on "
-                "this node; 'fanfs fidelity %s --save' measures it once and keeps it with the store for every node, job "
-                "and reader)", store.root, sample, store.root)
-    curve = analyse(store, sample, seed, jobs, progress=progress)
+
+    def starting(images: int) -> None:
+        log.warning("fanfs: measuring the fidelity curve of %s on %d sampled images for auto fidelity (once per store "
+                    "on this node; 'fanfs fidelity %s --save' measures it once and keeps it with the store for every "
+                    "node, job and reader)", store.root, images, store.root)
+
+    curve = analyse(store, sample, seed, jobs, progress=progress, starting=starting)
     tmp = f"{path}.{os.getpid()}"
     with open(create_private(tmp), "w") as f:
         json.dump(asdict(curve), f)
@@ -247,7 +256,7 @@ def auto_fidelity(store: Store, min_ssim: float, jobs: int | None = None) -> tup
     k = curve.recommend(min_ssim)
     skipped = f"; {curve.skip_note()}" if curve.skipped else ""
     return k, (f"fidelity auto:{min_ssim} -> {'full' if k == FULL else k} (smallest K with mean SSIM >= "
-               f"{min_ssim} over {curve.images} sampled images, {origin}{skipped})")
+               f"{min_ssim} over {curve.images} sampled images{skipped}; {origin})")
 
 
 def _resolve_auto(store: Store, auto: Auto, processes: int | None) -> tuple[int, str]:
