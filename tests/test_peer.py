@@ -448,3 +448,27 @@ def test_accept_survives_running_out_of_descriptors(packed, tmp_path):
         assert text.count("cannot accept connections (Too many open files)") == 1, text
     finally:
         server.close()
+
+
+LOW_ORDER = (bytes(32), (1).to_bytes(32, "little"))  # X25519 points whose every shared secret is zero
+
+
+@pytest.mark.parametrize("public", LOW_ORDER, ids=["zero", "one"])
+def test_a_low_order_key_is_a_bad_peer_not_a_crash(served, caplog, public):
+    """Issue 29.4: a member that published a low-order X25519 key made ``pair_secret`` raise ValueError in a reader
+    (through the FUSE front: a traceback in the log).  It is a peer that cannot be trusted: EIO and one line; and
+    the server refuses a hello from a rank whose published key is one."""
+    store, placement, server, _ = served
+    blob = mine(store, placement)[0]
+    c = PeerClient([("127.0.0.1", 1), server.address], [PUBLICS[0], public], 0, KEYS[0], store.id,
+                   store.index.blob_stored, 5.0)
+    with caplog.at_level("WARNING", logger="fanfs"), pytest.raises(OSError) as info:
+        c.read(1, blob)
+    assert info.value.errno == errno.EIO and "rank 1" in str(info.value), info.value
+    assert any("low-order" in r.getMessage() or "rank 1" in r.getMessage() for r in caplog.records), caplog.text
+    refused = server.stats()["refused"]
+    shake = ServerHandshake(KEYS[1], [public, PUBLICS[1]], store.id, 1)
+    with pytest.raises(ConnectionError):
+        shake.hello(raw_hello(store))
+    assert server.stats()["refused"] == refused
+
