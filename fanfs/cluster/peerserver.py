@@ -272,7 +272,7 @@ class PeerServer:
         """Send as much of the reply as the socket takes now, never waiting for the reader; whether the connection
         stays (the rest goes when the socket is writable again: ``_event`` arms EPOLLOUT)."""
         try:
-            sent = conn.sock.sendmsg(conn.out)  # both frames in one call, without joining them
+            sent = conn.sock.sendmsg(conn.out, (), socket.MSG_NOSIGNAL)  # both frames in one call, not joined
         except BlockingIOError:
             sent = 0
         except OSError:
