@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import select
 import socket
 import subprocess
 import sys
@@ -579,3 +580,36 @@ def test_a_fresh_connection_is_never_evicted_before_its_request(served, monkeypa
     finally:
         for sock, _ in fresh:
             sock.close()
+
+
+def _has_data(sock: socket.socket, wait: float) -> bool:
+    ready, _, _ = select.select([sock], [], [], wait)
+    return bool(ready)
+
+
+def test_a_members_untaken_replies_are_bounded_and_only_its_own_requests_wait(large, monkeypatch):
+    """A member's replies not yet taken hold at most MAX_WAITING_BYTES: past it that member's next request waits
+    (nothing read, nothing allocated for it) until its replies are taken, while another member is served at once."""
+    monkeypatch.setattr(peerserver, "MAX_WAITING_BYTES", 1)  # any reply still waiting is the bound
+    store, _ = large
+    server = _large_server(large, [key.public for key in THREE])
+    try:
+        first, count = _run_of(store, b"big.bin")
+        size = int(store.index.blob_stored[first:first + count].sum())
+        stalled = _ask_and_never_read(server, store, first, count)  # 28 MiB: more than the socket buffers hold
+        assert _has_data(stalled, 5)
+        small, _ = _run_of(store, b"small.bin")
+        waiting = _ask_and_never_read(server, store, small, 1)
+        reader = PeerClient([("127.0.0.1", 1), server.address, ("127.0.0.1", 1)], [key.public for key in THREE], 2,
+                            THREE[2], store.id, store.index.blob_stored, timeout=2.0)
+        assert len(reader.read(1, small)) == int(store.index.blob_stored[small])  # another member: served at once
+        assert not _has_data(waiting, 0.5)  # rank 0's second request waits for its first reply to be taken
+        got = 0
+        while got < size + 2 * 16 + REPLY.size:  # rank 0 takes its reply: its next request is answered
+            got += len(stalled.recv(1 << 20))
+        assert _has_data(waiting, 5)
+        reader.close()
+        stalled.close()
+        waiting.close()
+    finally:
+        server.close()

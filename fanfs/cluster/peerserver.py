@@ -326,7 +326,8 @@ class PeerServer:
             if self._listening_again and now >= self._listening_again and not self._closing:
                 self._listening_again = 0.0
                 self._epoll.modify(self._listener.fileno(), _READ)
-            late = [c for c in (*self._pending.values(), *self._timed) if c.deadline < now and not c.owned]
+            late = [c for c in (*self._pending.values(), *self._timed)
+                    if c.deadline < now and not c.owned and not c.parked]  # a parked one waits on its member, not late
             for conn in late:
                 what = ("finish its handshake" if conn.handshake is not None else
                         "take its reply" if conn.out else "send a request")
