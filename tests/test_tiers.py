@@ -21,6 +21,7 @@ import pytest
 from fanfs_command import fanfs, force_unmount
 from photo_samples import make_photo_set
 from PIL import Image
+from support.crafting import plant_blob
 from support.jpeg_samples import build_samples
 
 from fanfs.errors import StoreError
@@ -388,31 +389,15 @@ def _sof(data: bytes) -> int:
 def _plant_tier(store_path: Path, tmp_path: Path, change) -> tuple[Path, str]:
     """A copy of the store whose first tiered record's 1/2 tier is ``change(tier bytes)``, appended to its shard,
     with every checksum valid (only reading the bytes can tell); and that record's name."""
-    from fanfs.store.format import SHARD_DIR, shard_name
-    from fanfs.util.checksum import checksum
     copy = tmp_path / "crafted"
     shutil.copytree(store_path, copy)
     store = Store(str(copy))
     entry = _tiered_entry({"record": store.index.record, "count": store.index.count, "layers": store.index.layers})
     name = store.index.path(entry).decode()
-    blob = int(store.index.first[entry] + store.index.layers[entry])
+    blob, shard = int(store.index.first[entry] + store.index.layers[entry]), int(store.index.shard[entry])
     tier = change(store.read_file(name, HALF))
-    shard = int(store.index.shard[entry])
     store.close()
-    shard_file = copy / SHARD_DIR / shard_name(shard)
-    offset = shard_file.stat().st_size
-    with open(shard_file, "ab") as f:
-        f.write(tier)
-
-    def edit(meta, columns):
-        columns["blob_offset"][blob], columns["blob_stored"][blob], columns["blob_raw"][blob] = offset, len(tier), len(tier)
-        columns["blob_checksum"][blob] = checksum(tier)
-        columns["shard_size"][shard] = offset + len(tier)
-        columns["shard_checksum"][shard] = checksum(shard_file.read_bytes())
-    meta, columns, *_ = read_index(str(copy / INDEX_NAME))
-    columns = {key: np.array(column) for key, column in columns.items()}
-    edit(meta, columns)
-    write_index(str(copy / INDEX_NAME), meta, columns)
+    plant_blob(copy, blob, shard, tier)
     return copy, name
 
 
