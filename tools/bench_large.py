@@ -75,7 +75,8 @@ def run(args, cpu_seconds: Callable[[int | None], float]) -> list[str]:
         raise SystemExit("the large-file rows need h5py (pip install -e '.[test]')")
     peers = [p for p in ("squashfuse_ll",) if shutil.which(p) and shutil.which("mksquashfs")]
     serving = {("fanfs" if n == 1 else f"fanfs x{n}"): n for n in map(int, args.serving.split(","))}
-    systems = ["native", *serving, *peers]
+    base = {"fanfs@base": {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}} if args.baseline else {}
+    systems = ["native", *serving, *base, *peers]
     readers = [int(n) for n in args.large_readers.split(",")]
     rates: dict[tuple, list[float]] = {}
     cpu: dict[tuple, list[float]] = {}
@@ -101,6 +102,9 @@ def run(args, cpu_seconds: Callable[[int | None], float]) -> list[str]:
                     yield src, None
                 elif system in serving:
                     with bl.fanfs_mount(store, mnt, "--workers", str(serving[system])) as pid:
+                        yield mnt, pid
+                elif system in base:
+                    with bl.fanfs_mount(store, mnt, env=base[system], cwd=args.baseline) as pid:
                         yield mnt, pid
                 else:
                     with bl.squashfuse_mount(system, image, mnt) as pid:
@@ -128,11 +132,10 @@ def run(args, cpu_seconds: Callable[[int | None], float]) -> list[str]:
                                 line.append(f"{pas} {total / seconds / 1e6:7,.0f} MB/s")
                         print(f"[run {rep + 1}/{args.repeat}] {label:<11} {n} readers  {system:<14} " + "   ".join(line),
                               flush=True)
-    return report(rates, cpu, systems, serving, peers, readers, args.repeat)
+    return report(rates, cpu, systems, peers, readers, args.repeat)
 
 
-def report(rates: dict, cpu: dict, systems: list[str], serving: dict, peers: list[str], readers: list[int],
-           repeat: int) -> list[str]:
+def report(rates: dict, cpu: dict, systems: list[str], peers: list[str], readers: list[int], repeat: int) -> list[str]:
     med = {key: bl.median(v) for key, v in rates.items()}
     cpu_med = {key: bl.median(v) for key, v in cpu.items()}
     daemons = [s for s in systems if s != "native"]
@@ -142,7 +145,7 @@ def report(rates: dict, cpu: dict, systems: list[str], serving: dict, peers: lis
             for pas in PASSES:
                 f = {s: med.get((label, n, pas, s), float("nan")) for s in systems}
                 rows.append([label, f"{n} readers", pas, *(f[s] for s in systems), f["fanfs"] / f["native"],
-                             *(f["fanfs"] / f[p] for p in peers)])
+                             *(f["fanfs"] / f[p] for p in peers), *(f["fanfs"] / f[b] for b in systems if "@" in b)])
                 cpu_rows.append([label, f"{n} readers", pas,
                                  *(cpu_med.get((label, n, pas, s), float("nan")) for s in daemons)])
                 if pas == "cold" and f["fanfs"] < 0.9 * f["native"]:
@@ -153,7 +156,8 @@ def report(rates: dict, cpu: dict, systems: list[str], serving: dict, peers: lis
                     if pas == "cold" and cpu_med.get((label, n, pas, "fanfs"), 0) > cpu_med.get((label, n, pas, p), 0):
                         misses.append(f"{label} {n} readers cold: fanfs daemon CPU per GB above {p}'s")
     print(f"\nlarge files: MB/s, median of {repeat} (cold: fresh mount, page cache dropped; warm: the same again)")
-    print(bl.table(["data", "readers", "pass", *systems, "fanfs/native", *(f"fanfs/{p}" for p in peers)], rows))
+    print(bl.table(["data", "readers", "pass", *systems, "fanfs/native", *(f"fanfs/{p}" for p in peers),
+                    *(f"fanfs/{b}" for b in systems if "@" in b)], rows))
     print("\ndaemon CPU per GB read (user + system, every process of the daemon), ms, median")
     print(bl.table(["data", "readers", "pass", *daemons], cpu_rows))
     return misses
