@@ -1,5 +1,5 @@
 """Issues 9 and 18: the package's shape holds: layers import only downwards, no import cycles, short modules,
-every folder in the layer table and the README's, ruff's rules; serve knows no cluster; record kinds are
+every folder in the layer table and the design page's (docs/design.rst), ruff's rules; serve knows no cluster; record kinds are
 reached only through their registry.
 
 Layers, lowest first (a module may import its own layer's package and any lower layer):
@@ -108,18 +108,19 @@ def test_modules_are_short():
 
 
 def test_ruff_passes():
-    """ruff's default rules, less those pyproject.toml leaves out, over the package, the tools and the tests."""
+    """ruff's default rules, less those pyproject.toml leaves out, over the package, the tools, the tests and the
+    documentation's Sphinx configuration and extension."""
     pytest.importorskip("ruff")
-    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "fanfs", "tools", "tests"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "fanfs", "tools", "tests", "docs"], cwd=REPO,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_every_package_folder_is_in_the_layer_table_and_the_readme():
+def test_every_package_folder_is_in_the_layer_table_and_the_design_page():
     folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
     assert folders <= set(RANK) | set(GROUP), folders - set(RANK) - set(GROUP)
-    readme = (REPO / "README.rst").read_text()
-    assert not [name for name in folders if f"``fanfs/{name}/``" not in readme]
+    design = (REPO / "docs" / "design.rst").read_text()
+    assert not [name for name in folders if f"``fanfs/{name}/``" not in design]
 
 
 def test_serve_imports_nothing_of_cluster_or_train():

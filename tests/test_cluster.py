@@ -58,7 +58,7 @@ def dataset(tmp_path_factory):
 def mpiexec(*args: str | os.PathLike, nodes: int = NODES, launcher: list[str] | None = None,
             **kwargs) -> subprocess.Popen:
     """``fanfs ARGS`` on every rank; ``launcher``: another mpiexec command line (the emulated cluster's)."""
-    # -disable-auto-cleanup: one rank's death must not make Hydra kill the others (README "Many nodes")
+    # -disable-auto-cleanup: one rank's death must not make Hydra kill the others (docs/clusters.rst, "Many nodes")
     prefix = launcher or [str(MPIEXEC), "-disable-auto-cleanup", "-n", str(nodes)]
     return subprocess.Popen([*prefix, sys.executable, "-m", "fanfs", *map(str, args)], start_new_session=True, **kwargs)
 

@@ -1,8 +1,8 @@
 """Issue 22: a real PyTorch DataLoader (torch 2.13.0, CPU) with 4 worker processes reads a store in-process.
 
-The dataset is the README's ImageFolder over the fsspec file system; every image a worker returns is
+The dataset is docs/fsspec.rst's ImageFolder over the fsspec file system; every image a worker returns is
 compared, pixel for pixel, with the original photo decoded by Pillow.  The file system is opened
-before the fork (the README's advice), in each worker, and across a fork taken while another thread
+before the fork (docs/fsspec.rst's advice), in each worker, and across a fork taken while another thread
 held the store's locks; under ``spawn`` it travels by its arguments.
 """
 
@@ -27,7 +27,7 @@ CLASSES, PER_CLASS = 4, 10
 
 
 class StoreImageFolder(torch.utils.data.Dataset):
-    """The README's example: one folder per class in a fanfs store, read in-process (no mount)."""
+    """docs/fsspec.rst's example: one folder per class in a fanfs store, read in-process (no mount)."""
 
     def __init__(self, store: str, root: str = "", transform=None, **presentation) -> None:
         self.fs = fsspec.filesystem("fanfs", store=store, **presentation)  # before the DataLoader forks

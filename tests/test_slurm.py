@@ -20,7 +20,7 @@ from support.slurm_jobs import NODES, assert_nothing_left, leftovers, reports, s
 
 from fanfs.records import FULL
 
-pytestmark = pytest.mark.slow  # see README, 'Tests'
+pytestmark = pytest.mark.slow  # see docs/userguide.rst, 'Quick start'
 
 
 @pytest.fixture(scope="module", autouse=True)

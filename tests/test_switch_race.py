@@ -30,7 +30,7 @@ from fanfs.records import Presentation
 from fanfs.records.jpeg import FIDELITY, JpegRecords
 from fanfs.store import FULL, Store
 
-pytestmark = pytest.mark.slow  # see README, 'Tests'
+pytestmark = pytest.mark.slow  # see docs/userguide.rst, 'Quick start'
 
 SWITCHES = (1, 3, FULL, 5, 2, FULL)
 SECONDS = 12.0

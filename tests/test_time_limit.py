@@ -10,7 +10,7 @@ import pytest
 
 from support.slurm_jobs import assert_nothing_left
 
-pytestmark = pytest.mark.slow  # see README, 'Tests'
+pytestmark = pytest.mark.slow  # see docs/userguide.rst, 'Quick start'
 
 
 def test_time_limit_leaves_nothing(slurm, time_limited_job):

@@ -32,7 +32,7 @@ from photo_folder import PhotoFolder  # noqa: E402
 
 from fanfs.train import choose_fidelity, fidelity_levels, fidelity_schedule  # noqa: E402
 
-pytestmark = pytest.mark.slow  # see README, 'Tests'
+pytestmark = pytest.mark.slow  # see docs/userguide.rst, 'Quick start'
 
 CLASSES, PER_CLASS, CROP = 4, 12, 32
 

@@ -18,7 +18,7 @@ leave out the decode (what the network and the file systems deliver).  Variants,
 
 Images/s per node and in total (median of ``--repeat``), staging seconds and bytes (per node, and what
 crossed the storage link), at ``--storage-link`` and, once each, at every rate of ``--sweep`` (the
-plot).  The host's cores are shared by every node, reader, daemon, sshd and sshfs: see the README
+plot).  The host's cores are shared by every node, reader, daemon, sshd and sshfs: see docs/clusters.rst
 ("Emulated cluster") for what the figures mean.
 """
 

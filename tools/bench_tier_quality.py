@@ -2,7 +2,7 @@
 """How to encode resolution tiers: bytes against SSIM and decode time for ways of quantizing them.
 
 The tiers that ``pack --scales 2,4`` stores cost 43-45% of the store with the source's own quantization
-(the issue's budget: 35%).  Per image of a set (the README's: ``--size-kb 110`` colour photos, or the
+(the issue's budget: 35%).  Per image of a set (docs/fidelity.rst's: ``--size-kb 110`` colour photos, or the
 mixed ``make_photo_set``), each tier (Pillow's ``reduce``, as pack makes it) is encoded every way below,
 and per way this reports the tiers' bytes as a fraction of the full progressive record (``compact``
 scans; their sum is the store's growth), mean and lowest luma SSIM against the reduced image (what

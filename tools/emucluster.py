@@ -173,7 +173,7 @@ class Cluster:
         ``FANFS_PEER_HOST`` set) instead of ssh-ing; the proxies reach mpiexec on the bridge's
         address.  UCX is held to TCP on the node's link, so MPI's traffic (the index broadcast) crosses
         the shaped network rather than shared memory.  ``-disable-auto-cleanup``: a dead node must not
-        make Hydra kill the others (README "Many nodes")."""
+        make Hydra kill the others (docs/clusters.rst, "Many nodes")."""
         count = len(self.nodes) if nodes is None else nodes
         return [str(MPIEXEC), "-launcher", "ssh", "-launcher-exec", str(self.launcher), "-localhost", self.bridge_ip,
                 "-hosts", ",".join(n.name for n in self.nodes[:count]), "-n", str(count), "-ppn", "1",

@@ -7,7 +7,7 @@ namespaces), the store's index read by rank 0 from the shared file system (sshfs
 broadcast of ``--bcast-mb`` MB (what a large index costs), and ``fanfs stage`` at full (seconds, bytes
 per node, bytes over the storage link).  Fitted: start-up = a + b*N; broadcast seconds per byte per
 link bit/s = p + q*log2(N); staging's use of the storage link (bytes moved / (link rate * seconds)).
-Then projected for an ImageNet-sized store (README "Scale on paper"), with the parameters below.
+Then projected for an ImageNet-sized store (docs/clusters.rst, "Scale on paper"), with the parameters below.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ if world.rank == 0:
     print(json.dumps({"ready": ready, "indexed": indexed, "broadcast": time.time()}))
 """
 
-# The projection's cluster: ImageNet-1k as ~110 KB JPEGs, fanfs's index at 133 B/file (README Figures).
+# The projection's cluster: ImageNet-1k as ~110 KB JPEGs, fanfs's index at 133 B/file (docs/benchmarks.rst).
 FILES, FILE_BYTES, INDEX_PER_FILE = 1_281_167, 110_000, 133
 
 

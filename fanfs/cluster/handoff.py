@@ -2,7 +2,7 @@
 
 The launcher (mpiexec, srun) tracks, signals and may kill the rank's process group: MPICH's Hydra kills
 every survivor's group when one rank dies abnormally, whatever ``-disable-auto-cleanup`` says (measured:
-README "Many nodes").  So the daemon that serves the mount runs in a child forked *before* MPI is
+docs/clusters.rst, "Many nodes").  So the daemon that serves the mount runs in a child forked *before* MPI is
 initialised, in a session of its own: the launcher's kill of the rank does not reach it, and it never
 holds MPI state (forking an MPI process is unsafe).  The rank does the job's collective start over MPI,
 hands the daemon what it needs through a socket pair, then only waits for it, passing SIGTERM, SIGINT

@@ -1,6 +1,6 @@
 """Nodes read each other's blobs over TCP: stored (compressed) bytes cross, the reader checks and decodes.
 
-Why TCP and not MPI for this part (README "Many nodes"): with MPI a dead rank takes every survivor
+Why TCP and not MPI for this part (docs/clusters.rst, "Many nodes"): with MPI a dead rank takes every survivor
 down (MPICH's fault-tolerant mode asserts at start-up in the pip build; without it a peer's death
 aborts every rank's MPI), so a job uses MPI only for its collective start (index broadcast, staging,
 the exchange of these endpoints and of every daemon's public key) and its daemons then serve each

@@ -23,7 +23,7 @@ to a member of its job and believes only a member's answers.  What makes a membe
 
 Why AES-GCM from ``cryptography`` rather than stdlib HMAC or ZeroMQ's CURVE: measured here on 110 KB
 blobs, AES-GCM seals at ~2.2 GB/s against ~1.3 GB/s for HMAC-SHA256 alone, and a CURVE round trip
-through pyzmq cost 8.8x a plain TCP one (README "Transport: MPI to start, TCP to serve").
+through pyzmq cost 8.8x a plain TCP one (docs/clusters.rst, "Transport: MPI to start, TCP to serve").
 """
 
 from __future__ import annotations

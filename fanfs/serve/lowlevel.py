@@ -1,6 +1,6 @@
 """A minimal ctypes binding of libfuse 3's low-level API: the requests a read-only file system answers.
 
-Why low level (README "FUSE"): inode numbers are ours, so every (entry, view) pair can be its own
+Why low level (docs/design.rst, "FUSE"): inode numbers are ours, so every (entry, view) pair can be its own
 inode whose size and bytes never change (a fidelity switch only changes which inode a name resolves
 to), and a reply may be sent later from another thread, so the single request loop never waits on a
 peer or a slow decode.  ``open`` and ``opendir`` answer ENOSYS: the kernel then stops sending them

@@ -46,7 +46,7 @@ BAND = 256
 """Rows of SSIM map computed at once.  A whole-image pass held a dozen float64 images (~100 bytes per
 pixel: 10 GB for a 10000x10000 JPEG); in bands they are a dozen BAND-row strips, and what stays whole is
 the two decoded images and the next scale's luma (a measurement peaks at ~12-16 bytes per pixel with the
-decodes; README, "Using it", pack).  Each value of the map is computed exactly as before; only the order
+decodes; docs/userguide.rst, "Using it", pack).  Each value of the map is computed exactly as before; only the order
 of the final sums differs."""
 
 

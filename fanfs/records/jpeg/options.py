@@ -15,8 +15,8 @@ from .tiers import DEFAULT_TIER_QUALITY, MAX_SCALE, TIER, is_tier, parse_scales,
 
 DEFAULT_MAX_PIXELS = 64 << 20
 """``pack --max-pixels``: larger JPEGs (by their frame header) are kept as plain files.  Measured here
-(README, "Using it", pack): the transcode peaks at up to 6 bytes per pixel (colour 4:4:4) and the fidelity
-measurement at ~16, so 64M pixels (every camera up to 61 MP) costs a worker at most ~0.4 GB packing and
+(docs/userguide.rst, "Using it", pack): the transcode peaks at up to 6 bytes per pixel (colour 4:4:4) and the
+fidelity measurement at ~16, so 64M pixels (every camera up to 61 MP) costs a worker at most ~0.4 GB packing and
 ~1.1 GB measuring; a 65535x65535 JPEG would cost ~26 and ~69 GB."""
 
 
@@ -84,16 +84,17 @@ def add_pack_options(add: AddOption) -> None:
              "the fastest decode at full fidelity; 'libjpeg': libjpeg's own 10-scan progression (the "
              "default before the presets; fewer bytes at SSIM 0.95 on high-quality photos, slower "
              "decode); or a jpegtran scan-script FILE (a lossy one is refused). Compare them with "
-             "'fanfs fidelity --source'; see the README, 'Scan scripts'")
+             "'fanfs fidelity --source'; see docs/fidelity.rst, 'Scan scripts'")
     add("--max-pixels", type=positive_count, metavar="N",
         help="JPEGs with more pixels (width x height, read from the header) are kept byte for byte as "
              "plain files and listed (implies --progressive-jpeg; default 64M = 67,108,864: every camera up "
-             "to 61 MP). The transcode needs up to 6 bytes per pixel, measuring fidelity ~16 (README)")
+             "to 61 MP). The transcode needs up to 6 bytes per pixel, measuring fidelity ~16 "
+             "(docs/userguide.rst, pack)")
     add("--scales", type=parse_scales, metavar="S,S",
         help="also store each JPEG record's image downscaled by each factor S (2,4: half and quarter "
              "resolution) as a baseline JPEG, presented at --fidelity 1/S: decodes several times faster "
-             "than the original, costs ~+22-25%% (1/2) and ~+7-9%% (1/4) of the store at --tier-quality 80 (README, "
-             "'Resolution tiers'; implies --progressive-jpeg; default: none)")
+             "than the original, costs ~+22-25%% (1/2) and ~+7-9%% (1/4) of the store at --tier-quality 80 "
+             "(docs/fidelity.rst, 'Resolution tiers'; implies --progressive-jpeg; default: none)")
     add("--tier-quality", type=parse_tier_quality, metavar="Q",
         help=f"encode the --scales tiers at JPEG quality Q at most (1-100; a source below Q keeps its own "
              f"quantization, 100 keeps every source's): lower trades the tiers' sharpness for store bytes (default "

@@ -1,5 +1,5 @@
 """Progressive scan scripts in jpegtran's ``-scans`` format, validated so that only lossless ones pass,
-and the named presets ``pack --scan-script`` offers (chosen by measurement: README, "Scan scripts").
+and the named presets ``pack --scan-script`` offers (chosen by measurement: docs/fidelity.rst, "Scan scripts").
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ LIBJPEG = "libjpeg"
 tjTransform; fanfs's default before the presets, so most older stores hold it."""
 
 PRESETS = {
-    # Fewest bytes at mean SSIM >= 0.95 in the survey (README): luma at half precision (Al=1) after a half-precision DC is
-    # the 0.95 state in 2 scans; refinement scans, which cost decode time, come last.
+    # Fewest bytes at mean SSIM >= 0.95 in the survey (docs/fidelity.rst): luma at half precision (Al=1) after a
+    # half-precision DC is the 0.95 state in 2 scans; refinement scans, which cost decode time, come last.
     "compact": """\
 0 1 2: 0 0 0 1;   # DC, all but the lowest bit
 0: 1 63 0 1;      # luma AC, all but the lowest bit   <- K=2: SSIM ~0.95

@@ -10,7 +10,7 @@ orients and colours the tier as it would the original; the pixels are not rotate
 Its quantization is the source's, coarsened to ``pack --tier-quality Q`` (:func:`tier_tables`): the source's
 own quality on a quarter of the pixels (busier blocks) cost 43-45% of the store for ``--scales 2,4``; at
 most quality 80 costs 30-33% at an SSIM of 0.95-0.96 against the reduced image, and decodes no slower
-(README, "Resolution tiers").
+(docs/fidelity.rst, "Resolution tiers").
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import io
 MAX_SCALE = 16
 MAX_TIERS = 4
 DEFAULT_TIER_QUALITY = 80
-"""``pack --tier-quality``: measured on the README's photo sets, the highest libjpeg quality whose tiers keep
-``--scales 2,4`` within +35% of the store (+30% colour photos of ~110 KB, +33% mixed 250-500 px ones; 85
+"""``pack --tier-quality``: measured on the photo sets of docs/fidelity.rst, the highest libjpeg quality whose
+tiers keep ``--scales 2,4`` within +35% of the store (+30% colour photos of ~110 KB, +33% mixed 250-500 px ones; 85
 made +35-37%), at a mean SSIM of 0.96 and 0.95 (the source's tables: 0.98 and 0.96)."""
 TIER = 0x8000
 """Fidelity codes ``TIER | s`` present the 1/s tier (below FULL = 0xFFFF; scan counts K stay under TIER)."""
