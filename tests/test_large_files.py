@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,8 @@ from fanfs_command import fanfs
 
 from fanfs.serve import readahead
 from fanfs.store import Store
+from fanfs.store.format import SHARD_DIR
+from fanfs.store.sources import LocalShards
 from fanfs.util.mounts import mount_device
 
 CHUNK = 1 << 20
@@ -116,3 +121,63 @@ def test_spans_cut_nothing_and_join_to_the_bytes(big):
             assert with_store.read(entry, offset, size) == whole[offset:offset + size]
     finally:
         with_store.close()
+
+
+class SlowShards(LocalShards):
+    """The store's own shards, each read counted and slowed (a peer's round trip), so that threads overlap."""
+
+    def __init__(self, directory: str, store_id: bytes) -> None:
+        super().__init__(directory, store_id)
+        self.reads: list[int] = []
+
+    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        self.reads.append(blob)
+        time.sleep(0.05)
+        return super().read(blob, shard, offset, length)
+
+
+def test_threads_reading_one_file_at_once_load_each_chunk_once(big):
+    """Reads of a file whose blobs are on a peer are answered by threads, several at a time; consecutive requests
+    cut across chunks share one between them: it is fetched and decoded once, the other thread waits for it."""
+    src, store = big
+    whole = (src / "volume.bin").read_bytes()
+    opened = Store(str(store))
+    slow = SlowShards(str(store / SHARD_DIR), opened.id)
+    opened.close()
+    reader = Store(str(store), sources=[slow])
+    try:
+        entry = reader.lookup(b"volume.bin")
+        starts = [CHUNK // 2 + i * CHUNK for i in range(CHUNKS - 1)]  # each request: two halves of two chunks
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda start: reader.read(entry, start, CHUNK), starts))
+        assert got == [whole[start:start + CHUNK] for start in starts]
+        assert sorted(slow.reads) == sorted(set(slow.reads)) and len(slow.reads) == CHUNKS
+    finally:
+        reader.close()
+
+
+def test_threads_waiting_on_a_chunk_that_fails_get_eio_not_a_hang(big):
+    """The thread that loads a chunk fails (no good copy): the ones that waited for it try for themselves and fail
+    with EIO too, at once, not after a wait."""
+    _, store = big
+    opened = Store(str(store))
+    slow = SlowShards(str(store / SHARD_DIR), opened.id)
+    opened.close()
+    slow.read = lambda blob, shard, offset, length: (time.sleep(0.05), b"x" * length)[1]  # every copy corrupt
+    reader = Store(str(store), sources=[slow])
+    try:
+        entry = reader.lookup(b"volume.bin")
+        started = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(lambda i: _error(lambda: reader.read(entry, CHUNK // 2 + i, CHUNK)), range(4)))
+        assert outcomes == ["EIO"] * 4 and time.monotonic() - started < 5
+    finally:
+        reader.close()
+
+
+def _error(call) -> str:
+    try:
+        call()
+    except OSError as err:
+        return errno.errorcode[err.errno]
+    return "no error"
