@@ -103,7 +103,7 @@ def test_the_readahead_is_looked_up_without_asking_the_mount(big, mount):
         dev = os.stat(mnt).st_dev
         assert mount_device(str(mnt)) == f"{os.major(dev)}:{os.minor(dev)}"
         assert readahead.current(str(mnt)) == 128 << 10  # the kernel's default, left alone
-        assert "\nreadahead " not in fanfs("stats", mnt).stdout
+        assert "\nreadahead  128.0 KiB " in fanfs("stats", mnt).stdout
     assert mount_device(str(mnt)) is None
 
 

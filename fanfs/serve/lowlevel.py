@@ -211,7 +211,8 @@ class Session:
         # The kernel takes the smaller of the device's readahead and this reply's: so ours is never the smaller
         limit = ctypes.c_uint.from_address(conn + CONN_MAX_READAHEAD)
         limit.value = max(limit.value, self.readahead_bytes)
-        self.readahead = readahead.raise_to(self.mountpoint, self.readahead_bytes) if self.readahead_bytes else None
+        self.readahead = (readahead.raise_to(self.mountpoint, self.readahead_bytes) if self.readahead_bytes
+                          else readahead.current(self.mountpoint))
         self._ready = True
         try:
             self.fs.ready(self)
