@@ -35,6 +35,7 @@ import numpy as np
 from ..records import FULL, Presentation, check_presentation, kinds
 from ..store import Store
 from ..store.format import DIR, FILE
+from ..store.shared import SharedChunks
 from . import lowlevel as ll
 from .workers import ServingProcesses
 
@@ -312,6 +313,7 @@ def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = Fal
         if workers <= 1:
             serving(None)
             return session.loop()
+        store.stream.shared = SharedChunks(store.chunk_size)  # before the fork: each chunk loaded once by them
         processes = ServingProcesses(session, workers, counters, on_exit=fs.close)
         return processes.run(lambda: serving(processes))
     finally:

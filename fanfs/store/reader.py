@@ -27,15 +27,12 @@ from ..util.files import open_regular
 from .cache import BlobCache
 from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, SHARD_HEADER, check_shard_header, checksum, shard_name
 from .index import Index
+from .stream import StreamChunks
 from .sources import LocalShards, ShardSource
 
 log = logging.getLogger("fanfs")
 
 MAX_LAYERS = 64
-STREAM_CACHE = 8 << 20
-"""Bytes of chunks of large files kept between the requests that read parts of them (per serving process)."""
-LOADING_WAIT = 60.0
-"""Seconds a thread waits for another that loads the chunk it wants (longer than any peer's timeout)."""
 REPORT_EVERY = 60.0
 """Seconds before the same failing blob is logged again (the kernel retries a failed read at once)."""
 
@@ -89,9 +86,7 @@ class Store:
         if check_shards:
             self.check_shards()
         self.cache = BlobCache(cache_size)
-        self.stream_cache = BlobCache(STREAM_CACHE)
-        self._loading: dict[int, _Loading] = {}  # chunks of large files being loaded now, by blob
-        self._loading_lock = threading.Lock()
+        self.stream = StreamChunks()
         self.stats = Stats()
         self._kinds: list[RecordKind] = kind_table()  # type: ignore[assignment]  (validated: every id is known)
         ix = self.index
@@ -250,60 +245,20 @@ class Store:
         already, and keeping them here would cost memory and fresh-page faults on every read (measured:
         a cold 110 KB read took 110 us of CPU with a 1 GiB cache, 34 us without).  ``stream=True`` for a chunk
         of a large file: kept, if at all, only among the last few (:data:`STREAM_CACHE`), whose memory the next
-        ones reuse (in the large cache, a 150 MB file read in parts faulted in 150 MB of fresh pages, and
-        pushed out the small files); and loaded by one thread while others that want it wait for it.
+        ones reuse, each loaded once by the threads and serving processes that want it (:mod:`.stream`).
         """
-        cache = self.stream_cache if stream else self.cache
+        cache = self.stream.cache if stream else self.cache
         data = cache.get(blob)
         if data is not None:
             self.stats.cache_hits += 1
             return data
         if stream:
-            return self._stream_blob(entry, blob, layer, keep)
+            return self.stream.load(blob, keep, lambda: self._load(entry, blob, layer), self.stats)
         self.stats.cache_misses += 1
         data = self._load(entry, blob, layer)
         if keep:
             cache.put(blob, data)
         return data
-
-    def _stream_blob(self, entry: int, blob: int, layer: int, keep: bool) -> bytes:
-        """A chunk of a large file, found, verified and decoded by one thread however many ask for it at once (the
-        kernel sends a file's next requests together, and consecutive ones share the chunk between them)."""
-        with self._loading_lock:
-            loading = self._loading.get(blob)
-            mine = loading is None
-            if mine:
-                loading = self._loading[blob] = _Loading()
-            else:
-                loading.waiters += 1
-        if not mine:
-            loading.done.wait(LOADING_WAIT)
-            data = self.stream_cache.get(blob)
-            if data is not None:
-                self.stats.cache_hits += 1
-                return data  # else the loader failed (or is slower than a peer's timeout): try here, as it did
-        self.stats.cache_misses += 1
-        data = None
-        try:
-            data = self._load(entry, blob, layer)
-            return data
-        finally:
-            if mine:
-                kept = data is not None and (keep or loading.waiters > 0)
-                if kept:  # before the entry goes: a thread that looks after that finds it
-                    self.stream_cache.put(blob, data)
-                if self._loaded(blob, loading) and data is not None and not kept:
-                    self.stream_cache.put(blob, data)  # a waiter came after the look above
-                loading.done.set()  # failed (data None): each waiter then tries for itself
-            elif data is not None and keep:
-                self.stream_cache.put(blob, data)
-
-    def _loaded(self, blob: int, loading: _Loading) -> int:
-        """A chunk's load is over: forget it; returns how many threads wait for it."""
-        with self._loading_lock:
-            del self._loading[blob]
-            waiters = loading.waiters
-        return waiters
 
     def _load(self, entry: int, blob: int, layer: int) -> bytes:
         """A blob's bytes from its sources, verified and decoded (no cache)."""
@@ -362,8 +317,7 @@ class Store:
         """In a forked child (a DataLoader worker of a process that opened the store): renew the locks another
         thread may have held at the fork, in the cache and the sources.  Runs by itself (``os.register_at_fork``)."""
         self.cache.after_fork()
-        self.stream_cache.after_fork()
-        self._loading, self._loading_lock = {}, threading.Lock()
+        self.stream.after_fork()
         for source in self.sources:
             source.after_fork()
 
@@ -371,16 +325,6 @@ class Store:
         _OPEN.discard(self)
         for source in self.sources:
             source.close()
-
-
-class _Loading:
-    """A chunk one thread is loading: how many others wait for it, and the event that ends their wait."""
-
-    __slots__ = ("waiters", "done")
-
-    def __init__(self) -> None:
-        self.waiters = 0
-        self.done = threading.Event()
 
 
 _OPEN: weakref.WeakSet[Store] = weakref.WeakSet()
