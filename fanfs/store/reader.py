@@ -253,7 +253,8 @@ class Store:
             self.stats.cache_hits += 1
             return data
         if stream:
-            return self.stream.load(blob, keep, lambda: self._load(entry, blob, layer), self.stats)
+            share = self._stored[blob] not in (0, self._raw[blob])  # a chunk to decode: see fanfs.store.shared
+            return self.stream.load(blob, keep, lambda: self._load(entry, blob, layer), self.stats, share)
         self.stats.cache_misses += 1
         data = self._load(entry, blob, layer)
         if keep:

@@ -33,9 +33,10 @@ class StreamChunks:
         self._loading: dict[int, _Loading] = {}  # chunks being loaded now, by blob
         self._lock = threading.Lock()
 
-    def load(self, blob: int, keep: bool, load: Callable[[], bytes], stats: Any) -> bytes:
+    def load(self, blob: int, keep: bool, load: Callable[[], bytes], stats: Any, share: bool = False) -> bytes:
         """A chunk not in :attr:`cache`: ``load()``-ed here, or taken from the thread or process that loads it.
-        ``keep``: it is read in parts (kept for the next request; shared with the other processes)."""
+        ``keep``: it is read in parts (kept for the next request); ``share``: with the other processes, if it is
+        read in parts and decoding it costs more than reading it again (see :mod:`.shared`)."""
         with self._lock:
             loading = self._loading.get(blob)
             mine = loading is None
@@ -51,7 +52,7 @@ class StreamChunks:
                 return data  # else the loader failed (or is slower than a peer's timeout): try here, as it did
         data = None
         try:
-            data = self._load(blob, keep, load, stats)
+            data = self._load(blob, keep and share, load, stats)
             return data
         finally:
             if mine:
@@ -64,8 +65,8 @@ class StreamChunks:
             elif data is not None and keep:
                 self.cache.put(blob, data)
 
-    def _load(self, blob: int, keep: bool, load: Callable[[], bytes], stats: Any) -> bytes:
-        shared = self.shared if keep else None  # a chunk one request reads whole is wanted by no other
+    def _load(self, blob: int, share: bool, load: Callable[[], bytes], stats: Any) -> bytes:
+        shared = self.shared if share else None
         data = shared.get_or_claim(blob) if shared is not None else None
         if data is not None:  # another serving process loaded it
             stats.cache_hits += 1
