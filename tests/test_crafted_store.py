@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 from fanfs_command import fanfs
 from photo_samples import make_photo_set
+from support.crafting import plant_blob, rewrite
 from support.trees import make_torture_tree
 
 from fanfs.errors import StoreError
 from fanfs.store import Store
-from fanfs.store.format import FILE, INDEX_NAME, SHARD_DIR, read_index, shard_name, write_index
+from fanfs.store.format import FILE, INDEX_NAME, SHARD_DIR, shard_name
 
 EDGES = [0, 1, 2, 63, 64, 255, 256, 4095, 65535, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53, 2**63 - 1, 2**63,
          2**64 - 1]
@@ -39,15 +40,6 @@ def real_store(tmp_path_factory):
     store = base / "store"
     fanfs("pack", src, store, "--progressive-jpeg", "--shard-size", "64K", "--quiet")
     return store
-
-
-def rewrite(store: Path, edit) -> None:
-    """Rewrite STORE/index through ``edit(meta, columns)`` with a valid checksum."""
-    path = str(store / INDEX_NAME)
-    meta, columns, *_ = read_index(path)
-    columns = {name: np.array(column) for name, column in columns.items()}  # writable copies
-    edit(meta, columns)
-    write_index(path, meta, columns)
 
 
 class Hang(Exception):
@@ -224,25 +216,13 @@ def _zstd_bomb() -> bytes:
 def _plant_header(store: Path, declared: int | None) -> bytes:
     """Replace the float record's header blob by the bomb, appended to its shard, with every checksum valid;
     ``declared``: the raw size the index gives it (None: just over its stored size, as a float header may be)."""
-    from fanfs.util.checksum import checksum
     bomb = _zstd_bomb()
     s = Store(str(store))
     entry = int(np.flatnonzero(s.index.record == 2)[0])
     path, blob, shard = s.index.path(entry), int(s.index.first[entry]), int(s.index.shard[entry])
     assert s.codecs[int(s.index.codec[entry])].codec_id == "zstd"
     s.close()
-    shard_file = store / SHARD_DIR / shard_name(shard)
-    offset = shard_file.stat().st_size
-    with open(shard_file, "ab") as f:
-        f.write(bomb)
-
-    def edit(meta, columns):
-        columns["blob_offset"][blob], columns["blob_stored"][blob] = offset, len(bomb)
-        columns["blob_checksum"][blob] = checksum(bomb)
-        columns["blob_raw"][blob] = len(bomb) + 1 if declared is None else declared  # raw > stored: decoded
-        columns["shard_size"][shard] = offset + len(bomb)
-        columns["shard_checksum"][shard] = checksum(shard_file.read_bytes())
-    rewrite(store, edit)
+    plant_blob(store, blob, shard, bomb, raw=len(bomb) + 1 if declared is None else declared)  # raw > stored: decoded
     return path
 
 

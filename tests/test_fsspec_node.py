@@ -249,3 +249,23 @@ def test_no_mount_needs_a_local_dir(tmp_path):
     done = fanfs("mount", tmp_path, tmp_path / "node", "--no-mount", check=False)
     assert done.returncode != 0 and done.stderr.strip() == \
         "fanfs: error: --stage, --replicas and --no-mount need --local-dir", done.stderr
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o701], ids=["755", "750", "701"])
+def test_a_node_directory_others_can_enter_is_refused(tmp_path, mode):
+    """Issue 29.4: a node directory holds the node's private key, and the README promises 0700; ``private_dir``
+    refused only one that others could write, so a 0755 one was used.  Both the serving node and a reader refuse
+    one that anyone else may list or enter, with one line that says how to mend it."""
+    from fanfs.cluster.nodeview import node_dir, open_node
+    from fanfs.util.runtime import UnsafeDirError
+    node = tmp_path / "node"
+    node.mkdir()
+    node.chmod(mode)
+    for check in (lambda: node_dir(str(node)), lambda: open_node(node, 1 << 20)):
+        with pytest.raises(UnsafeDirError) as refused:
+            check()
+        assert str(refused.value) == (f"node directory {node} is open to other users (mode {mode:o}) and would hold a "
+                                      "private key: chmod 700 it, or use a directory of your own that only you can "
+                                      "write (mkdir -m 700)"), refused.value
+    node.chmod(0o700)
+    assert node_dir(str(node)) == str(node)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import select
 import socket
 import subprocess
 import sys
@@ -446,5 +447,169 @@ def test_accept_survives_running_out_of_descriptors(packed, tmp_path):
             sock.close()
         text = server.log.read_text()
         assert text.count("cannot accept connections (Too many open files)") == 1, text
+    finally:
+        server.close()
+
+
+THREE = [NodeKey(), NodeKey(), NodeKey()]  # rank 0: a member gone hostile; rank 1: the server; rank 2: a reader
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    """A store with a 28 MiB file (28 blobs of 1 MiB in one shard: one READ of them all is a 28 MiB reply)."""
+    base = tmp_path_factory.mktemp("large")
+    (base / "src").mkdir()
+    (base / "src" / "big.bin").write_bytes(os.urandom(28 << 20))
+    (base / "src" / "small.bin").write_bytes(os.urandom(5000))
+    fanfs("pack", base / "src", base / "store", "--quiet")
+    store = Store(str(base / "store"))
+    yield store, base / "store"
+    store.close()
+
+
+def _run_of(store, name: bytes) -> tuple[int, int]:
+    entry = store.lookup(name)
+    return int(store.index.first[entry]), int(store.index.count[entry])
+
+
+def _large_server(large, publics) -> PeerServer:
+    store, path = large
+    held = HeldShards(str(path / SHARD_DIR), store.id, np.ones(store.index.blob_offset.size, bool))
+    server = PeerServer(listen("127.0.0.1"), store.index, held, THREE[1], publics, 1, store.id, on_bye=print)
+    server.start()
+    return server
+
+
+def _ask_and_never_read(server, store, first: int, count: int) -> socket.socket:
+    """A member's connection that asks for a run of blobs and never reads the reply."""
+    sock, channel = connect(server.address, THREE[0], THREE[1].public, store.id, 0, 1, time.monotonic() + 5)
+    sock.sendall(channel.seal(REQUEST.pack(1, first, count)))
+    return sock
+
+
+@pytest.mark.slow
+def test_replies_nobody_takes_never_stop_the_server(large, monkeypatch):
+    """Issue 29.1: a member asked for 28 MiB runs on twice as many connections as the server has threads and read
+    nothing: every thread was pinned in a blocking send for SEND_SECONDS, no handshake was answered, and another
+    member's reads timed out.  Replies wait in the connection's buffer instead (bounded per member), a thread never
+    waits on a reader, and a reply not taken in time drops its connection."""
+    monkeypatch.setattr(peerserver, "SEND_SECONDS", 6.0)
+    store, _ = large
+    threads = sum(thread.name.startswith("fanfs-peer") for thread in threading.enumerate())  # other servers'
+    server = _large_server(large, [key.public for key in THREE])
+    hostile: list[socket.socket] = []
+    try:
+        first, count = _run_of(store, b"big.bin")
+        hostile = [_ask_and_never_read(server, store, first, count) for _ in range(2 * peerserver.THREADS)]
+        asked = time.monotonic()
+        time.sleep(0.5)  # the server has read every request and answered what it could
+        reader = PeerClient([("127.0.0.1", 1), server.address, ("127.0.0.1", 1)], [key.public for key in THREE], 2,
+                            THREE[2], store.id, store.index.blob_stored, timeout=2.0)
+        small, _ = _run_of(store, b"small.bin")
+        for _ in range(3):
+            assert len(reader.read(1, small)) == int(store.index.blob_stored[small])
+            reader.close()  # a new handshake each time: the server still answers them
+        assert len(reader.read(1, first, count)) == int(store.index.blob_stored[first:first + count].sum())
+        assert sum(thread.name.startswith("fanfs-peer") for thread in threading.enumerate()) == threads + peerserver.THREADS
+        time.sleep(max(0.0, asked + peerserver.SEND_SECONDS + 1 - time.monotonic()))
+        for sock in hostile[:2]:  # answered at once, not taken in time: dropped (what was sent is still there)
+            assert closed_unread(sock, 10)
+    finally:
+        for sock in hostile:
+            sock.close()
+        server.close()
+
+
+def closed_unread(sock: socket.socket, timeout: float) -> bool:
+    """Whether the server has closed a connection: its end comes within ``timeout`` once the bytes sent are read."""
+    end = time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            sock.settimeout(max(0.01, end - time.monotonic()))
+            if not sock.recv(1 << 20):
+                return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return False
+
+
+LOW_ORDER = (bytes(32), (1).to_bytes(32, "little"))  # X25519 points whose every shared secret is zero
+
+
+@pytest.mark.parametrize("public", LOW_ORDER, ids=["zero", "one"])
+def test_a_low_order_key_is_a_bad_peer_not_a_crash(served, caplog, public):
+    """Issue 29.4: a member that published a low-order X25519 key made ``pair_secret`` raise ValueError in a reader
+    (through the FUSE front: a traceback in the log).  It is a peer that cannot be trusted: EIO and one line; and
+    the server refuses a hello from a rank whose published key is one."""
+    store, placement, server, _ = served
+    blob = mine(store, placement)[0]
+    c = PeerClient([("127.0.0.1", 1), server.address], [PUBLICS[0], public], 0, KEYS[0], store.id,
+                   store.index.blob_stored, 5.0)
+    with caplog.at_level("WARNING", logger="fanfs"), pytest.raises(OSError) as info:
+        c.read(1, blob)
+    assert info.value.errno == errno.EIO and "rank 1" in str(info.value), info.value
+    assert any("low-order" in r.getMessage() or "rank 1" in r.getMessage() for r in caplog.records), caplog.text
+    refused = server.stats()["refused"]
+    shake = ServerHandshake(KEYS[1], [public, PUBLICS[1]], store.id, 1)
+    with pytest.raises(ConnectionError):
+        shake.hello(raw_hello(store))
+    assert server.stats()["refused"] == refused
+
+
+def test_a_fresh_connection_is_never_evicted_before_its_request(served, monkeypatch):
+    """Issue 29.4: a member's connections past MAX_PER_PEER closed its oldest, which could be one just made whose
+    request was on its way (more than 64 processes of a node connecting at once: a spurious EIO).  Only a channel
+    that was served and lies idle is closed (its client opens another); a fresh one is always served."""
+    store, placement, server, _ = served
+    monkeypatch.setattr(peerserver, "MAX_PER_PEER", 2)
+    blob = mine(store, placement)[0]
+    fresh = [connect(server.address, KEYS[0], PUBLICS[1], store.id, 0, 1, time.monotonic() + 5) for _ in range(4)]
+    time.sleep(0.3)  # every proof has reached the server
+    try:
+        for sock, channel in fresh:
+            sock.sendall(channel.seal(REQUEST.pack(1, blob, 1)))
+            status, length = REPLY.unpack(channel.open(sock.recv(REPLY.size + 16, socket.MSG_WAITALL)))
+            assert status == OK and length == int(store.index.blob_stored[blob])
+            assert len(channel.open(sock.recv(length + 16, socket.MSG_WAITALL))) == length
+        later = client(server, store)  # now they are served and idle: the oldest make room for a new one
+        assert len(later.read(1, blob)) == int(store.index.blob_stored[blob])
+        assert [closed_unread(sock, 1) for sock, _ in fresh] == [True, True, True, False]  # back to 2: the newest kept
+        later.close()
+    finally:
+        for sock, _ in fresh:
+            sock.close()
+
+
+def _has_data(sock: socket.socket, wait: float) -> bool:
+    ready, _, _ = select.select([sock], [], [], wait)
+    return bool(ready)
+
+
+def test_a_members_untaken_replies_are_bounded_and_only_its_own_requests_wait(large, monkeypatch):
+    """A member's replies not yet taken hold at most MAX_WAITING_BYTES: past it that member's next request waits
+    (nothing read, nothing allocated for it) until its replies are taken, while another member is served at once."""
+    monkeypatch.setattr(peerserver, "MAX_WAITING_BYTES", 1)  # any reply still waiting is the bound
+    store, _ = large
+    server = _large_server(large, [key.public for key in THREE])
+    try:
+        first, count = _run_of(store, b"big.bin")
+        size = int(store.index.blob_stored[first:first + count].sum())
+        stalled = _ask_and_never_read(server, store, first, count)  # 28 MiB: more than the socket buffers hold
+        assert _has_data(stalled, 5)
+        small, _ = _run_of(store, b"small.bin")
+        waiting = _ask_and_never_read(server, store, small, 1)
+        reader = PeerClient([("127.0.0.1", 1), server.address, ("127.0.0.1", 1)], [key.public for key in THREE], 2,
+                            THREE[2], store.id, store.index.blob_stored, timeout=2.0)
+        assert len(reader.read(1, small)) == int(store.index.blob_stored[small])  # another member: served at once
+        assert not _has_data(waiting, 0.5)  # rank 0's second request waits for its first reply to be taken
+        got = 0
+        while got < size + 2 * 16 + REPLY.size:  # rank 0 takes its reply: its next request is answered
+            got += len(stalled.recv(1 << 20))
+        assert _has_data(waiting, 5)
+        reader.close()
+        stalled.close()
+        waiting.close()
     finally:
         server.close()

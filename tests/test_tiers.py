@@ -12,14 +12,16 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from fanfs_command import fanfs
+from fanfs_command import fanfs, force_unmount
 from photo_samples import make_photo_set
 from PIL import Image
+from support.crafting import plant_blob
 from support.jpeg_samples import build_samples
 
 from fanfs.errors import StoreError
@@ -375,3 +377,89 @@ def test_a_schedule_rises_from_the_tiers_to_full(tiered, mount):
         assert shown == [QUARTER, HALF, 4, FULL]
         with pytest.raises(Exception, match="increasing"):
             fidelity_schedule(mnt, ["1/2", "1/4"])
+
+
+def _sof(data: bytes) -> int:
+    """Where a JPEG's frame header's height field lies (found by walking its segments)."""
+    from fanfs.records.jpeg.markers import _SOF, _segments
+    start = next(start for marker, start, _ in _segments(data) if marker in _SOF)
+    return start + 5  # FF Cx, length (2), precision (1)
+
+
+def _plant_tier(store_path: Path, tmp_path: Path, change) -> tuple[Path, str]:
+    """A copy of the store whose first tiered record's 1/2 tier is ``change(tier bytes)``, appended to its shard,
+    with every checksum valid (only reading the bytes can tell); and that record's name."""
+    copy = tmp_path / "crafted"
+    shutil.copytree(store_path, copy)
+    store = Store(str(copy))
+    entry = _tiered_entry({"record": store.index.record, "count": store.index.count, "layers": store.index.layers})
+    name = store.index.path(entry).decode()
+    blob, shard = int(store.index.first[entry] + store.index.layers[entry]), int(store.index.shard[entry])
+    tier = change(store.read_file(name, HALF))
+    store.close()
+    plant_blob(copy, blob, shard, tier)
+    return copy, name
+
+
+def _claiming(width: int, height: int):
+    def change(tier: bytes) -> bytes:
+        at = _sof(tier)
+        return tier[:at] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + tier[at + 4:]
+    return change
+
+
+CRAFTED_TIERS = {
+    "claims 65535x65535": (_claiming(65535, 65535), "resolution tier"),
+    "claims one pixel more": (lambda tier: _claiming(*(v + 1 for v in _dimensions(tier)))(tier), "resolution tier"),
+    "no frame header": (lambda tier: tier[:2] + b"\xff\xd9", "resolution tier"),
+    "cut short": (lambda tier: tier[:len(tier) // 2], "does not decode"),
+}
+
+
+def _dimensions(tier: bytes) -> tuple[int, int]:
+    with Image.open(io.BytesIO(tier)) as im:
+        return im.size
+
+
+@pytest.fixture(scope="module")
+def few_tiered(tmp_path_factory):
+    """Four photos with tiers: a measurement of every record takes a moment."""
+    base = tmp_path_factory.mktemp("few")
+    make_photo_set(base / "src", 4)
+    fanfs("pack", base / "src", base / "store", "--scales", "2,4", "--quiet")
+    return base / "store"
+
+
+@pytest.mark.parametrize("damage", sorted(CRAFTED_TIERS))
+def test_a_crafted_tier_is_skipped_with_a_note(few_tiered, tmp_path, damage):
+    """Issue 29.3: a tier whose header claimed 65535x65535 (every checksum valid) ended the measurement of the
+    fidelity curve in PIL's DecompressionBombError: --max-pixels checked layer 0 only.  Every tier's header is read
+    like layer 0's and must be the image reduced by its factor, and a record that does not decode is left out: the
+    record is skipped with a note, the others measured (and timed)."""
+    from fanfs.tune.fidelity import analyse
+    change, why = CRAFTED_TIERS[damage]
+    copy, _ = _plant_tier(few_tiered, tmp_path, change)
+    curve = analyse(Store(str(copy)), jobs=1, progress=False, timed=2)
+    assert sum(n for reason, n in curve.skipped.items() if why in reason) == 1, curve.skipped
+    assert curve.images == 3 and curve.timed == 2 and [row["records"] for row in curve.tiers] == [3, 3]
+    assert "skipped 1 of 4 sampled records: 1 " in curve.skip_note()
+
+
+@pytest.mark.slow
+def test_a_crafted_tier_ends_neither_fidelity_nor_an_auto_mount(few_tiered, tmp_path):
+    """The issue's case through the commands a user runs: ``fanfs fidelity`` and ``mount --fidelity auto:`` (both
+    ended in a traceback) say what they skipped and go on."""
+    copy, name = _plant_tier(few_tiered, tmp_path, _claiming(65535, 65535))
+    done = fanfs("fidelity", copy, check=False)
+    assert done.returncode == 0 and "skipped 1 of 4" in done.stdout and "Traceback" not in done.stderr, done
+    env = {**os.environ, "FANFS_RUNTIME_DIR": str(tmp_path / "runtime")}  # no curve cached from another test
+    (tmp_path / "runtime").mkdir(mode=0o700)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        done = fanfs("mount", copy, mnt, "--fidelity", "auto:0.9", env=env, check=False)
+        assert done.returncode == 0 and "skipped 1 of 4" in done.stdout + done.stderr, done.stdout + done.stderr
+        assert (mnt / name).read_bytes()
+    finally:
+        fanfs("umount", mnt, env=env, check=False)
+        force_unmount(mnt)

@@ -8,7 +8,7 @@ publishes in its *node directory* what a reader needs to build the same store: `
 store, this node's rank, the placement's shape, the staged layers, every peer's address and public
 key, the daemon's pid) and ``KEY_FILE``, the daemon's private key, with which the reader speaks to the
 peers as this node through the same authenticated client (:mod:`.peer`).  The directory is private
-(0700, this user's, writable by nobody else: :func:`fanfs.util.runtime.private_dir`, which the reader
+(0700: this user's, closed to everyone else, :func:`fanfs.util.runtime.private_dir`, which the reader
 checks too, so another user's reader is refused with one line before anything is opened; the kernel
 would refuse it the files anyway).  No secret is ever in the environment.
 """
@@ -69,8 +69,9 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
 
 
 def node_dir(path: str) -> str:
-    """``path`` as a node directory: created 0700 if missing, refused with one line unless private."""
-    return private_dir(path, "node directory", REMEDY)
+    """``path`` as a node directory: created 0700 if missing, refused with one line unless private (0700: it will
+    hold the node's private key)."""
+    return private_dir(path, "node directory", REMEDY, closed=True)
 
 
 def publish(directory: str, key: NodeKey, facts: dict[str, Any]) -> None:
@@ -100,7 +101,7 @@ def serving(directory: str) -> bool:
 def open_node(directory: str | os.PathLike, cache_size: int) -> NodeStore:
     """The store of the node serving in ``directory``, opened in this process (an fsspec file system's)."""
     directory = os.path.abspath(os.fspath(directory))
-    private_dir(directory, "node directory", REMEDY, create=False)
+    private_dir(directory, "node directory", REMEDY, create=False, closed=True)
     try:
         facts = json.loads(read_regular(os.path.join(directory, NODE_FILE), MAX_NODE_FILE))
         private = read_regular(os.path.join(directory, KEY_FILE), 64)

@@ -77,10 +77,15 @@ class NodeKey:
         return self._private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
 
     def pair_secret(self, public: bytes) -> bytes:
-        """The secret this node shares with the holder of ``public`` (cached: one X25519 per peer)."""
+        """The secret this node shares with the holder of ``public`` (cached: one X25519 per peer); Untrusted if
+        ``public`` can share none (a member that published a low-order key is a bad peer like any other)."""
         secret = self._pairs.get(public)
         if secret is None:
-            shared = self._private.exchange(X25519PublicKey.from_public_bytes(public))
+            try:
+                shared = self._private.exchange(X25519PublicKey.from_public_bytes(public))
+            except ValueError:  # not 32 bytes, or a low-order point (every secret with it is zero: no secret)
+                raise Untrusted(f"a published key that shares no secret ({public.hex()[:16]}...: a low-order "
+                                "X25519 point or malformed)") from None
             low, high = sorted((self.public, public))
             secret = self._pairs[public] = hmac.digest(shared, b"fanfs pair v1" + low + high, "sha256")
         return secret
@@ -116,6 +121,10 @@ def connect(address: tuple[str, int], key: NodeKey, server_public: bytes, store_
             server_rank: int, deadline: float) -> tuple[socket.socket, Channel]:
     """Open a channel to ``server_rank`` at ``address``; Untrusted if the other end does not prove
     it is that node of this job, TimeoutError past ``deadline`` (time.monotonic)."""
+    try:
+        pair = key.pair_secret(server_public)
+    except Untrusted as err:
+        raise Untrusted(f"rank {server_rank}: {err}") from None
     sock = socket.create_connection(address, timeout=max(0.001, deadline - time.monotonic()))
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -123,7 +132,6 @@ def connect(address: tuple[str, int], key: NodeKey, server_public: bytes, store_
         sock.sendall(hello)
         server_nonce, proof = SERVER_PROOF.unpack(recv_exactly(sock, SERVER_PROOF.size, deadline))
         transcript = hello + server_nonce
-        pair = key.pair_secret(server_public)
         if not hmac.compare_digest(proof, _mac(pair, b"fanfs server", transcript)):
             raise Untrusted(f"{address[0]}:{address[1]} is not rank {server_rank} of this job")
         sock.sendall(CLIENT_PROOF.pack(_mac(pair, b"fanfs client", transcript)))

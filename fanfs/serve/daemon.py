@@ -65,10 +65,12 @@ class Hooks:
 def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
     """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon
     will open (``opened``: what it is -> path): through its own mount, the daemon would wait on itself."""
+    if mounted(mountpoint):
+        dead = "" if os.path.ismount(mountpoint) else " whose daemon has ended (it answers 'Transport endpoint is " \
+            "not connected')"
+        raise StoreError(f"{mountpoint} is already a mount point{dead}: 'fanfs umount {mountpoint}' first")
     if not os.path.isdir(mountpoint):
         raise StoreError(f"mount point {mountpoint} is not a directory: create it first")
-    if os.path.ismount(mountpoint):
-        raise StoreError(f"{mountpoint} is already a mount point: 'fanfs umount {mountpoint}' first")
     st = os.stat(mountpoint)
     for what, path in opened.items():
         if _at_or_under(path, (st.st_dev, st.st_ino)):
@@ -319,9 +321,9 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     """Unmount and wait until the daemon has gone; False if nothing was mounted there (ended already:
     a job's mounts all end with its first unmount, so a cleanup on every node must not fail)."""
     mountpoint = os.path.abspath(mountpoint)
-    if not os.path.isdir(mountpoint):
-        raise StoreError(f"{mountpoint}: no such directory")
-    if not mounted(mountpoint):
+    if not mounted(mountpoint):  # first: a dead mount is no directory to stat (ENOTCONN), and is unmounted below
+        if not os.path.isdir(mountpoint):
+            raise StoreError(f"{mountpoint}: no such directory")
         return False
     try:
         pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
@@ -339,6 +341,9 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.02)
+        if _alive(pid) and not lazy:  # lazily, files still open keep it serving them: it ends with the last
+            raise StoreError(f"unmounted {mountpoint}, but its daemon (pid {pid}) has not ended after {timeout:g} s "
+                             f"and holds the mount point (see {control.log_path(mountpoint)}): 'kill {pid}'")
     return True
 
 

@@ -23,6 +23,7 @@ import ctypes.util
 import errno
 import logging
 import os
+import select
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -70,6 +71,7 @@ def _load() -> ctypes.CDLL:
         "fuse_session_unmount": (None, [_vp]),
         "fuse_session_destroy": (None, [_vp]),
         "fuse_session_exit": (None, [_vp]),
+        "fuse_session_fd": (ctypes.c_int, [_vp]),
         "fuse_set_signal_handlers": (ctypes.c_int, [_vp]),
         "fuse_remove_signal_handlers": (None, [_vp]),
         "fuse_reply_err": (ctypes.c_int, [c_req, ctypes.c_int]),
@@ -275,6 +277,21 @@ class Session:
             if self._mounted:
                 _lib.fuse_session_unmount(self._se)
                 self._mounted = False
+
+    def ended(self) -> bool:
+        """Whether the kernel has ended the mount's connection (unmounted, or aborted): its /dev/fuse descriptor then
+        polls as an error (asked for no event, so requests coming in do not count)."""
+        poller = select.poll()
+        poller.register(_lib.fuse_session_fd(self._se), 0)
+        return bool(poller.poll(0))
+
+    def abandon(self) -> None:
+        """Leave the mount in place and end its connection (the caller's descriptor is the last one: its serving
+        processes are gone): every request held is failed (ECONNABORTED) and every access from then on fails with
+        ENOTCONN, which says the file system's server is gone, until the mount point is unmounted."""
+        with self._lock:
+            self._mounted = False
+        self.close()
 
     def invalidate_entry(self, parent: int, name: bytes) -> int:
         """Drop the kernel's dentry ``parent/name`` (from any thread but the loop's; 0 or -errno)."""

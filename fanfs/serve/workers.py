@@ -14,11 +14,19 @@ and each run libfuse's loop.  What they need is shared for free or set up before
   ``fanfs stats`` gets their sum (:func:`merge_counters`).
 
 The parent serves no request: it owns the session (only it unmounts), runs the control socket and a
-cluster node's peer server, turns a stop signal into an unmount, and watches its children.  A serving
-process that dies (killed, out of memory) takes the requests it held with it, and their readers would
-wait for ever; so the parent then ends the mount at once, and loudly (it kills the other serving
-processes and unmounts: readers get an error, the log says which process died of what), rather than
-serve half a mount.
+cluster node's peer server, turns a stop signal into an unmount, and watches its children:
+
+* a serving process that dies (killed, out of memory) takes the requests it held with it, and their
+  readers would wait for ever; so the parent then ends the mount at once, and loudly, rather than serve
+  half a mount: it kills the other serving processes and ends the kernel's connection, leaving the mount
+  in place.  The requests held fail (ECONNABORTED) and every later access fails with ENOTCONN ("Transport
+  endpoint is not connected": the file system's server is gone) until ``fanfs umount``; the log says which
+  process died of what.  (Unmounting instead left an empty directory: readers got ENOENT, as if the files
+  did not exist);
+* once the mount has ended (unmounted, or its connection aborted), serving processes have
+  ``END_GRACE_SECONDS`` to leave; one that has not (stopped with SIGSTOP, stuck) is killed and logged, so
+  the daemon ends and the mount point can be mounted again (a stopped one used to hold the daemon, and the
+  mount point's lock, for ever).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +54,7 @@ Counters = dict[str, Any]
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _LENGTH = struct.Struct("<I")
 ASK_SECONDS = 5.0  # a serving process that does not give its counters within this long is left out of a sum
+END_GRACE_SECONDS = 5.0  # serving processes still there this long after the mount ended are killed
 
 
 class WorkerDied(FanfsError):
@@ -67,6 +77,8 @@ class ServingProcesses:
         self._ask_lock = threading.Lock()
         self._exits: queue.SimpleQueue = queue.SimpleQueue()
         self._stopped_by = 0
+        self._killed: set[int] = set()  # serving processes killed by the parent: their end is no death to report
+        self._abandoned = False  # a serving process died: the mount is left in place, its connection ended
 
     def run(self, started: Callable[[], None]) -> int:
         """Mount, answer INIT, fork the serving processes, call ``started()``, and watch them until the mount
@@ -82,7 +94,10 @@ class ServingProcesses:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.session.unmount()
+            if self._abandoned:
+                self.session.abandon()
+            else:
+                self.session.unmount()
             for sock in self._sockets:
                 sock.close()
 
@@ -134,22 +149,38 @@ class ServingProcesses:
         """Until every serving process has ended: 0 after an unmount, the number of the stop signal that
         ended the mount, or WorkerDied if a serving process died while it served."""
         died = None
-        ended = 0
-        while ended < len(self._pids):
+        live = set(self._pids)
+        ended = None  # when the mount was seen to have ended
+        while live:
             try:
                 pid, code = self._exits.get(timeout=0.5)  # a Python wait: stop signals are handled meanwhile
             except queue.Empty:
+                ended = self._outlived(live, ended)
                 continue
-            ended += 1
-            if code != 0 and died is None and not self._stopped_by:
+            live.discard(pid)
+            if code != 0 and died is None and not self._stopped_by and pid not in self._killed:
                 died = (pid, code)
                 self._end(f"serving process {pid} " + (f"died of {signal.Signals(-code).name}" if code < 0
                                                        else f"exited with status {code}"))
         if died is not None:
             raise WorkerDied(f"a serving process of {self.session.mountpoint} died (pid {died[0]}, "
                              + (f"{signal.Signals(-died[1]).name}" if died[1] < 0 else f"status {died[1]}")
-                             + "): the mount was ended rather than leave its readers waiting")
+                             + f"): the mount was ended rather than leave its readers waiting; 'fanfs umount "
+                             f"{self.session.mountpoint}' clears it")
         return self._stopped_by
+
+    def _outlived(self, live: set[int], ended: float | None) -> float | None:
+        """Kill the serving processes still there END_GRACE_SECONDS after the mount ended; when it ended (None: not
+        yet).  The kernel's connection tells: unmounted or aborted, however it happened."""
+        now = time.monotonic()
+        if ended is None:
+            return now if self.session.ended() else None
+        if now - ended >= END_GRACE_SECONDS:
+            for pid in sorted(live - self._killed):
+                log.warning("serving process %d had not ended %g s after the mount did (stopped, or stuck): killed",
+                            pid, END_GRACE_SECONDS)
+                self._kill(pid)
+        return ended
 
     def _stop(self, signum: int, frame: object) -> None:
         if not self._stopped_by:  # once: a second signal must not re-enter the unmount under way
@@ -157,13 +188,18 @@ class ServingProcesses:
             self.session.unmount()
 
     def _end(self, why: str) -> None:
-        log.error("%s: ending the mount (the requests it held would never be answered)", why)
+        log.error("%s: ending the mount (the requests it held would never be answered); its readers get 'Transport "
+                  "endpoint is not connected' until 'fanfs umount %s'", why, self.session.mountpoint)
+        self._abandoned = True
         for pid in self._pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.session.unmount()
+            self._kill(pid)
+
+    def _kill(self, pid: int) -> None:
+        self._killed.add(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def counters(self) -> list[Counters]:
         """Every serving process's counters (asked one after another; one that does not answer is left out)."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import StoreError, UsageError
 from ..records import FULL, Auto, Presentation, register_resolver
-from ..records.jpeg import DEFAULT_MAX_PIXELS, FIDELITY, MAX_SIZE, JpegRecords, frame, tier_values
+from ..records.jpeg import DEFAULT_MAX_PIXELS, FIDELITY, MAX_SIZE, JpegError, JpegRecords, frame, tier_values
 from ..store import Store
 from ..util.files import read_regular
 from ..util.plots import pyplot
@@ -75,35 +75,53 @@ _store: Store | None = None  # the store being measured; forked workers inherit 
 
 
 Measured = tuple[list[int], list[float], list[float], list[tuple[float, float, float] | None]]
+UNDECODABLE = "that does not decode (a damaged or crafted store?)"
 
 
-def _measure(entry: int) -> Measured:
+class _Undecodable(Exception):
+    """A record's bytes that Pillow cannot decode (only a crafted or damaged store holds one whose checksums hold)."""
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    from .quality import decode
+    try:
+        return decode(data)
+    except Exception as err:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, ValueError, its bomb error...
+        raise _Undecodable(str(err)) from None
+
+
+def _measure(entry: int) -> Measured | str:
     """Sizes, SSIM and MS-SSIM of one record at K = 1..layers; per tier of the store, (bytes fraction, SSIM,
-    MS-SSIM) against the full image reduced by the tier's factor, or None if the record has no tiers."""
-    from .quality import decode, similarity
+    MS-SSIM) against the full image reduced by the tier's factor, or None if the record has no tiers.  Or, for a
+    record that does not decode, UNDECODABLE: it is left out of the means, not the end of the measurement."""
+    from .quality import similarity
     store = _store
     assert store is not None
     layers = int(store.index.layers[entry])
     path = store.index.path(entry)
-    full = decode(store.read_file(path))
-    sizes, ssims, msssims = [], [], []
-    for k in range(1, layers + 1):
-        sizes.append(store.size_at(entry, k))
-        if k == layers:
-            ssims.append(1.0)
-            msssims.append(1.0)
-        else:
-            s, m = similarity(full, decode(store.read_file(path, k)))
-            ssims.append(s)
-            msssims.append(m)
-    tiers: list[tuple[float, float, float] | None] = []
-    for value in tier_values(store.index):
-        view = store.view(entry, _at(value))
-        if view != value:
-            tiers.append(None)
-            continue
-        reduced = _reduced(full, value & 0x7FFF)
-        tiers.append((store.size_at(entry, view) / sizes[-1], *similarity(reduced, decode(store.read_file(path, view)))))
+    try:
+        full = _pixels(store.read_file(path))
+        sizes, ssims, msssims = [], [], []
+        for k in range(1, layers + 1):
+            sizes.append(store.size_at(entry, k))
+            if k == layers:
+                ssims.append(1.0)
+                msssims.append(1.0)
+            else:
+                s, m = similarity(full, _pixels(store.read_file(path, k)))
+                ssims.append(s)
+                msssims.append(m)
+        tiers: list[tuple[float, float, float] | None] = []
+        for value in tier_values(store.index):
+            view = store.view(entry, _at(value))
+            if view != value:
+                tiers.append(None)
+                continue
+            reduced = _reduced(full, value & 0x7FFF)
+            tiers.append((store.size_at(entry, view) / sizes[-1],
+                          *similarity(reduced, _pixels(store.read_file(path, view)))))
+    except _Undecodable:
+        return UNDECODABLE
     return sizes, ssims, msssims, tiers
 
 
@@ -123,16 +141,32 @@ def _reasons(skipped: dict[str, int]) -> str:
 
 
 def _unmeasurable(store: Store, entry: int, max_pixels: int) -> str | None:
-    """Why a record is left out of the measurement, read from its frame header (layer 0), never by decoding
-    it; None if it is measured.  An image narrower than SSIM's 11x11 window is skipped, not measured with a
-    smaller window: SSIM's constants and window define the statistic, and a mean over values of
-    differently defined statistics would mean nothing.  One with more than ``max_pixels`` pixels is
-    skipped because decoding it twice and comparing costs ~16 bytes per pixel (10000x10000: 1.6 GB)."""
-    image = frame(store.blob(entry, int(store.index.first[entry]), 0, keep=False))
+    """Why a record is left out of the measurement, read from its frame headers (layer 0's, then each resolution
+    tier's), never by decoding it; None if it is measured.  An image narrower than SSIM's 11x11 window is skipped,
+    not measured with a smaller window: SSIM's constants and window define the statistic, and a mean over values
+    of differently defined statistics would mean nothing.  One with more than ``max_pixels`` pixels is
+    skipped because decoding it twice and comparing costs ~16 bytes per pixel (10000x10000: 1.6 GB).  One whose
+    tier's header is not the image reduced by the tier's factor is skipped: pack made no such tier, and a crafted
+    one may claim any size (65535x65535: a decompression bomb to Pillow)."""
+    try:
+        image = frame(store.blob(entry, int(store.index.first[entry]), 0, keep=False))
+    except JpegError:
+        return "without a JPEG frame header"
     if min(image.width, image.height) < WIN:
         return f"smaller than {WIN}x{WIN} pixels (SSIM's window)"
     if image.pixels > max_pixels:
         return f"over {max_pixels:,} pixels (--max-pixels)"
+    for value in tier_values(store.index):
+        view = store.view(entry, _at(value))
+        if view != value:
+            continue  # a record without tiers
+        scale = value & 0x7FFF
+        try:
+            tier = frame(store.read_file(store.index.path(entry), view))
+        except JpegError:
+            tier = None
+        if tier is None or (tier.width, tier.height) != (-(-image.width // scale), -(-image.height // scale)):
+            return "with a resolution tier whose header is not the image reduced (a crafted store?)"
     return None
 
 
@@ -178,9 +212,10 @@ def _time_decodes(store: Store, entries: list[int], top: int, source: str | None
 
 def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = None, progress: bool = True,
             timed: int = 0, source: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> FidelityCurve:
-    """Measure the curve on ``sample`` records chosen with ``seed`` (parallel over ``jobs`` processes),
-    and the decode speed on ``timed`` of them (first, in this process, against the originals under ``source``).
-    Records that cannot be measured (:func:`_unmeasurable`) are left out and counted in ``skipped``."""
+    """Measure the curve on ``sample`` records chosen with ``seed`` (parallel over ``jobs`` processes), then the
+    decode speed on ``timed`` of those measured (in this process, against the originals under ``source``).
+    Records that cannot be measured (:func:`_unmeasurable`, or that do not decode) are left out and counted in
+    ``skipped``."""
     records = np.flatnonzero(store.index.record == JpegRecords.kind_id)
     if records.size == 0:
         raise StoreError(f"{store.root} holds no progressive JPEG records: pack with --progressive-jpeg")
@@ -192,9 +227,44 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
     if chosen.size == 0:
         raise StoreError(f"{store.root}: none of the {len(sampled)} sampled JPEG records can be measured "
                          f"({_reasons(skipped)}): give a fidelity K or full instead of measuring")
+    global _store
+    _store = store
+    entries = chosen.tolist()
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(entries)))
     top = int(store.index.layers[chosen].max())
-    curve = FidelityCurve(store.meta["store_id"], int(chosen.size), list(range(1, top + 1)), [], [], [],
-                          skipped=skipped)
+    fraction, ssims, msssims = np.ones((3, len(entries), top))
+    tiers = tier_values(store.index)
+    tier_rows = np.full((len(entries), len(tiers), 3), np.nan)
+    kept = np.ones(len(entries), bool)
+    with Progress(len(entries), "fidelity", enabled=progress) as bar, contextlib.ExitStack() as stack:
+        if jobs > 1:
+            pool = stack.enter_context(process_pool(jobs))
+            measured = pool.map(_measure, entries, chunksize=4)
+        else:
+            measured = map(_measure, entries)  # in this process: an MPI rank must not fork
+        for i, result in enumerate(measured):
+            bar.update_to(i + 1)
+            if isinstance(result, str):
+                skipped[result] = skipped.get(result, 0) + 1
+                kept[i] = False
+                continue
+            sizes, s, m, at_tiers = result
+            n = len(sizes)
+            fraction[i, :n] = np.asarray(sizes) / sizes[-1]
+            ssims[i, :n] = s
+            msssims[i, :n] = m
+            for t, row in enumerate(at_tiers):
+                if row is not None:
+                    tier_rows[i, t] = row
+    if not kept.any():
+        raise StoreError(f"{store.root}: none of the {len(sampled)} sampled JPEG records can be measured "
+                         f"({_reasons(skipped)}): give a fidelity K or full instead of measuring")
+    chosen = chosen[kept]  # what follows (the decode times too) concerns the records measured
+    top = int(store.index.layers[chosen].max())
+    curve = FidelityCurve(store.meta["store_id"], int(chosen.size), list(range(1, top + 1)),
+                          fraction[kept, :top].mean(0).round(4).tolist(), ssims[kept, :top].mean(0).round(4).tolist(),
+                          msssims[kept, :top].mean(0).round(4).tolist(), skipped=skipped)
+    tier_rows = tier_rows[kept]
     if timed > 0:
         picked = np.sort(rng.choice(chosen, size=min(timed, chosen.size), replace=False)).tolist()
         vs_full, vs_source = _time_decodes(store, picked, top, source, seed, progress)
@@ -206,31 +276,6 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
         curve.decode_vs_full = np.median(vs_full[:, :top], 0).round(3).tolist()
         if found.any():
             curve.decode_vs_source = np.median(vs_source[found, :top], 0).round(3).tolist()
-    global _store
-    _store = store
-    entries = chosen.tolist()
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(entries)))
-    fraction, ssims, msssims = np.ones((3, len(entries), top))
-    tiers = tier_values(store.index)
-    tier_rows = np.full((len(entries), len(tiers), 3), np.nan)
-    with Progress(len(entries), "fidelity", enabled=progress) as bar, contextlib.ExitStack() as stack:
-        if jobs > 1:
-            pool = stack.enter_context(process_pool(jobs))
-            measured = pool.map(_measure, entries, chunksize=4)
-        else:
-            measured = map(_measure, entries)  # in this process: an MPI rank must not fork
-        for i, (sizes, s, m, at_tiers) in enumerate(measured):
-            n = len(sizes)
-            fraction[i, :n] = np.asarray(sizes) / sizes[-1]
-            ssims[i, :n] = s
-            msssims[i, :n] = m
-            for t, row in enumerate(at_tiers):
-                if row is not None:
-                    tier_rows[i, t] = row
-            bar.update_to(i + 1)
-    curve.bytes_fraction = fraction.mean(0).round(4).tolist()
-    curve.ssim = ssims.mean(0).round(4).tolist()
-    curve.ms_ssim = msssims.mean(0).round(4).tolist()
     curve.tiers = [_tier_row(value, tier_rows[:, t], vs_full[:, top + t] if timed > 0 else None,
                              vs_source[found, top + t] if timed > 0 and found.any() else None)
                    for t, value in enumerate(tiers)]

@@ -1,5 +1,6 @@
 """Directories only this user may write: the runtime directory (control sockets, daemon logs, cached
-fidelity curves) and, through :func:`private_dir`, node-local shard directories.
+fidelity curves) and, through :func:`private_dir`, node-local shard directories and (closed to others
+altogether: it holds a private key) a node's directory.
 
 ``$FANFS_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/fanfs`` (a private tmpfs per user on most
 systems), else ``fanfs-UID`` in the temporary directory.  On a shared node another user could create
@@ -41,11 +42,12 @@ def runtime_dir() -> str:
                        _RUNTIME_REMEDY)
 
 
-def private_dir(path: str, what: str, remedy: str, *, create: bool = True) -> str:
+def private_dir(path: str, what: str, remedy: str, *, create: bool = True, closed: bool = False) -> str:
     """``path``, created 0700 if missing (never its parents) unless ``create`` is False, and refused with one
     line (naming ``what`` it is for, ending with ``remedy``) unless it is a real directory, not a symlink,
     owned by this user and writable by nobody else: where another user could plant or replace what fanfs
-    keeps there (sockets, logs, staged shards), fanfs does not keep anything."""
+    keeps there (sockets, logs, staged shards), fanfs does not keep anything.  ``closed``: nobody else may even
+    list or enter it (0700), for a directory that holds a secret."""
     if create:
         try:
             os.mkdir(path, 0o700)
@@ -66,6 +68,9 @@ def private_dir(path: str, what: str, remedy: str, *, create: bool = True) -> st
         problem = f"belongs to uid {st.st_uid}, not to you (uid {os.getuid()})"
     elif st.st_mode & 0o022:
         problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    elif closed and st.st_mode & 0o077:
+        raise UnsafeDirError(f"{what} {path} is open to other users (mode {stat.S_IMODE(st.st_mode):o}) and would hold "
+                             f"a private key: chmod 700 it, or {remedy}")
     else:
         return path
     raise UnsafeDirError(f"{what} {path} {problem}: refusing to use it, since another user could "

@@ -3,8 +3,8 @@ scripts it may follow (:mod:`.scans`), the lossless transcoder (:mod:`.transcode
 (:mod:`.tiers`), and what the kind declares: its fidelity setting and pack options (:mod:`.options`)."""
 
 from .kind import MAX_SIZE, JpegRecords, tier_values
-from .markers import frame
+from .markers import JpegError, frame
 from .options import DEFAULT_MAX_PIXELS, FIDELITY
 from .tiers import is_tier
 
-__all__ = ["DEFAULT_MAX_PIXELS", "FIDELITY", "MAX_SIZE", "JpegRecords", "frame", "is_tier", "tier_values"]
+__all__ = ["DEFAULT_MAX_PIXELS", "FIDELITY", "MAX_SIZE", "JpegError", "JpegRecords", "frame", "is_tier", "tier_values"]
