@@ -11,7 +11,9 @@ Reported: MB/s, the ratios, and the daemons' CPU per GB read (every process of t
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib.util
 import multiprocessing as mp
 import os
 import shutil
@@ -69,9 +71,10 @@ def drop_caches() -> bool:
     return True
 
 
-def run(args, cpu_seconds: Callable[[int | None], float]) -> list[str]:
-    """Build the datasets under ``args.large_dir``, read them on every system, print the tables; returns misses."""
-    if not _has("h5py"):
+def run(args: argparse.Namespace, cpu_seconds: Callable[[int | None], float], json_path: str | None) -> list[str]:
+    """Build the datasets under ``args.large_dir``, read them on every system, print the tables (and write them to
+    ``json_path``); returns the goals missed."""
+    if importlib.util.find_spec("h5py") is None:
         raise SystemExit("the large-file rows need h5py (pip install -e '.[test]')")
     peers = [p for p in ("squashfuse_ll",) if shutil.which(p) and shutil.which("mksquashfs")]
     serving = {("fanfs" if n == 1 else f"fanfs x{n}"): n for n in map(int, args.serving.split(","))}
@@ -132,7 +135,14 @@ def run(args, cpu_seconds: Callable[[int | None], float]) -> list[str]:
                                 line.append(f"{pas} {total / seconds / 1e6:7,.0f} MB/s")
                         print(f"[run {rep + 1}/{args.repeat}] {label:<11} {n} readers  {system:<14} " + "   ".join(line),
                               flush=True)
-    return report(rates, cpu, systems, peers, readers, args.repeat)
+    misses = report(rates, cpu, systems, peers, readers, args.repeat)
+    bl.write_json(json_path, {
+        "repeat": args.repeat, "mb_per_s": [{"data": d, "readers": n, "pass": p, "system": s, "runs": v}
+                                            for (d, n, p, s), v in rates.items()],
+        "daemon_cpu_ms_per_gb": [{"data": d, "readers": n, "pass": p, "system": s, "runs": v}
+                                 for (d, n, p, s), v in cpu.items()],
+        "misses": misses})
+    return misses
 
 
 def report(rates: dict, cpu: dict, systems: list[str], peers: list[str], readers: list[int], repeat: int) -> list[str]:
@@ -162,10 +172,3 @@ def report(rates: dict, cpu: dict, systems: list[str], peers: list[str], readers
     print(bl.table(["data", "readers", "pass", *daemons], cpu_rows))
     return misses
 
-
-def _has(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
