@@ -130,7 +130,7 @@ def test_serve_imports_nothing_of_cluster_or_train():
     assert not bad, bad
 
 
-KIND_TOOLS = {"fanfs.tune.fidelity": "fanfs.records.jpeg", "fanfs.pack.select.floatprobe": "fanfs.records.floats"}
+KIND_TOOLS = {"fanfs.tune.fidelity": "fanfs.records.jpeg", "fanfs.tune.curve": "fanfs.records.jpeg", "fanfs.pack.select.floatprobe": "fanfs.records.floats"}
 """Modules that are one kind's own tools (the fidelity curve of JPEG records, select's measure of float records),
 and the kind they may import."""
 

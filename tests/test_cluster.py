@@ -421,7 +421,7 @@ def test_auto_fidelity_is_resolved_once_for_the_job(tmp_path):
     with Job(store, tmp_path, 1, "--stage", "--fidelity", "auto:0.9") as job:
         chosen = {job.stats(rank)["fidelity"] for rank in range(NODES)}
     local = Store(str(store))
-    assert chosen == {auto_fidelity(local, 0.9, jobs=1)[0]}  # every node got rank 0's measurement
+    assert chosen == {str(auto_fidelity(local, 0.9, jobs=1)[0])}  # every node got rank 0's measurement
     local.close()
     assert job.log.read_text().count("fidelity auto:0.9 ->") == 1
 

@@ -206,7 +206,9 @@ def test_umount_and_signals(torture, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     try:
-        assert "not mounted" in fanfs("umount", mnt).stdout  # ended already: nothing to do, no error
+        never = fanfs("umount", mnt, check=False)  # a directory nothing was ever mounted on: a wrong path
+        assert never.returncode == 1 and never.stderr.strip().splitlines() == [
+            f"fanfs: error: {mnt} is not a fanfs mount, and none of yours was ever mounted there: check the path"]
         done = fanfs("umount", tmp_path / "typo", check=False)
         assert done.returncode == 1 and "typo: no such directory" in done.stderr
         fanfs("mount", store, mnt)
@@ -217,6 +219,7 @@ def test_umount_and_signals(torture, tmp_path):
         while (os.path.ismount(mnt) or daemon_pids(mnt)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not os.path.ismount(mnt) and not daemon_pids(mnt)
+        assert "not mounted (ended already)" in fanfs("umount", mnt).stdout  # it was a mount: nothing to do, no error
         fanfs("mount", store, mnt)
         assert (mnt / "empty.dat").exists()
         fanfs("umount", mnt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import io
 import json
+import re
 import os
 import shutil
 import struct
@@ -232,7 +233,7 @@ def test_select_cli_json_plan_and_plot(small, tmp_path):
     done = fanfs("select", small, "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "2M", "--json", "-o", plan_file,
                  "--plot", png, "--jobs", "2")
     report = json.loads(done.stdout)
-    assert report["feasible"] and report["demand"]["mode"] == "async"
+    assert report["feasible"] and report["demand"]["mode"] == "sync"  # a mount's, as README advises (issue 29)
     for cls in report["classes"]:
         assert cls["class"] in CLASSES and set(cls["chosen"]) >= {"id"}
         assert sum(c["chosen"] for c in cls["candidates"]) == 1
@@ -244,6 +245,9 @@ def test_select_cli_json_plan_and_plot(small, tmp_path):
     assert plan.table["text"]["codec"] == text["chosen"]
     table = fanfs("select", small / "text", "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "1M", "--mode", "sync").stdout
     assert "candidate" in table and "<== chosen" in table and "decode >=" in table
+    assert re.search(r" \d[\d.]* [MGk]B/s ", table) and not re.search(r"\d,\d{3}\.\d", table)  # 3 digits and a unit
+    every = fanfs("select", small / "text", "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "1M", "--all").stdout
+    assert "(--all shows them)" in table and len(every.splitlines()) > len(table.splitlines()) + 5
 
 
 @pytest.mark.slow

@@ -18,7 +18,6 @@ import pytest
 from fanfs_command import fanfs
 from support.slurm_jobs import NODES, assert_nothing_left, leftovers, reports, submit
 
-from fanfs.records import FULL
 
 pytestmark = pytest.mark.slow  # see docs/userguide.rst, 'Quick start'
 
@@ -46,7 +45,7 @@ def test_job_reads_every_file_exactly_on_every_node(slurm, slurm_plain, tmp_path
         assert r["files"] == 120 and not r["mismatches"], r
         assert r["env_mnt"] == r["mnt"] and f"-{r['node']}" in r["mnt"]
         assert r["extra"] == ["two words", r["mnt"] + "/x"], "arguments arrive as given, $FANFS_MNT replaced"
-        assert r["fidelity"] == FULL and r["workers"] == 2
+        assert r["fidelity"] == "full" and r["workers"] == 2
     assert_nothing_left(slurm, job)
 
 
@@ -154,7 +153,7 @@ def test_auto_fidelity_is_one_k_for_the_whole_job(slurm, tmp_path):
     got = reports(tmp_path / "out")
     assert len(got) == NODES and all(r["images"] and not r["mismatches"] for r in got.values()), got
     chosen = {r["fidelity"] for r in got.values()}
-    assert len(chosen) == 1 and chosen != {FULL}, chosen
+    assert len(chosen) == 1 and chosen != {"full"}, chosen
     assert "fidelity auto:0.95 ->" in slurm.output(job)
     assert_nothing_left(slurm, job)
 

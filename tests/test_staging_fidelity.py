@@ -70,7 +70,7 @@ def test_one_node_staged_at_k_serves_k_locally_and_more_from_the_shared_store(ph
     with mount(store, "--local-dir", local, "--fidelity", str(K)) as mnt:
         assert {n: (mnt / n).read_bytes() for n in names} == expected[K]
         stats = json.loads(fanfs("stats", mnt, "--json").stdout)
-        assert stats["staged"]["fidelity"] == K and stats["shared_bytes"] == 0
+        assert stats["staged"]["fidelity"] == str(K) and stats["shared_bytes"] == 0
         fanfs("ctl", mnt, "--fidelity", "full")
         assert {n: (mnt / n).read_bytes() for n in names} == expected[FULL]
         stats = json.loads(fanfs("stats", mnt, "--json").stdout)
@@ -135,7 +135,7 @@ def test_job_staged_at_k_reads_above_k_from_the_shared_store_not_from_peers(phot
     placement = place(index.blob_stored, NODES, 1)
     for s in stats:
         cluster = s["cluster"]
-        assert s["staged"]["fidelity"] == K and cluster["refused"] == cluster["failed"] == 0, s  # nobody asked a peer
+        assert s["staged"]["fidelity"] == str(K) and cluster["refused"] == cluster["failed"] == 0, s  # nobody asked a peer
         assert cluster["remote_failures"] == cluster["remote_timeouts"] == 0, s  # for what no node has
     assert stats[1]["shared_bytes"] == int(index.blob_stored[~read_at_k].sum())
     assert stats[0]["shared_bytes"] == stats[2]["shared_bytes"] == 0

@@ -28,6 +28,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import sys
 import time
@@ -49,18 +50,23 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 
 
 def _reader(node: int, paths: list[str], decode: bool, start: Any, out: Any) -> None:
-    """One reader process: waits for the common start, then opens, reads (and decodes) each path once."""
-    from PIL import Image
+    """One reader process: waits for the common start, then opens, reads (and decodes) each path once.  A file
+    Pillow cannot decode is counted and skipped, as a loader's error handling would; any other error ends the
+    reader, and the epoch with it."""
+    from PIL import Image, UnidentifiedImageError
     start.wait()
-    began, nbytes = time.perf_counter(), 0
+    began, nbytes, undecodable = time.perf_counter(), 0, 0
     for path in paths:
         with open(path, "rb") as f:
             if decode:
-                Image.open(f).convert("RGB")
+                try:
+                    Image.open(f).convert("RGB")
+                except (UnidentifiedImageError, SyntaxError, ValueError, OSError):  # Pillow's ways to say "not an image"
+                    undecodable += 1
                 nbytes += f.tell()
             else:
                 nbytes += len(f.read())
-    out.put((node, began, time.perf_counter(), len(paths), nbytes))
+    out.put((node, began, time.perf_counter(), len(paths) - undecodable, nbytes, undecodable))
 
 
 def epoch(roots: list[Path], rels: list[str], readers: int, decode: bool) -> dict[str, Any]:
@@ -73,17 +79,36 @@ def epoch(roots: list[Path], rels: list[str], readers: int, decode: bool) -> dic
     for p in procs:
         p.start()
     start.wait(timeout=120)
-    results = [out.get(timeout=3600) for _ in procs]
+    results: list[tuple] = []
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:  # it will never report: stop at once, not after the queue's timeout
+                for p in procs:
+                    p.kill()
+                    p.join()
+                raise RuntimeError(f"a reader died (exit code {dead[0]}; its error is above): the epoch is void") from None
     for p in procs:
         p.join()
-    if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError("a reader failed (see above)")
     per_node = []
     for node in range(len(roots)):
         mine = [r for r in results if r[0] == node]
         per_node.append(sum(r[3] for r in mine) / (max(r[2] for r in mine) - min(r[1] for r in mine)))
     wall = max(r[2] for r in results) - min(r[1] for r in results)
-    return {"total": len(rels) / wall, "per_node": per_node, "MB": sum(r[4] for r in results) / 1e6}
+    return {"total": sum(r[3] for r in results) / wall, "per_node": per_node, "MB": sum(r[4] for r in results) / 1e6,
+            "undecodable": sum(r[5] for r in results)}
+
+
+def is_image(path: Path) -> bool:
+    """Whether Pillow recognises ``path`` as an image (its header; nothing is decoded)."""
+    from PIL import Image, UnidentifiedImageError
+    try:
+        with Image.open(path):
+            return True
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        return False
 
 
 def median_epochs(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -200,7 +225,11 @@ def prepare(args: argparse.Namespace, export: Path) -> tuple[list[str], int, dic
         shutil.copytree(args.source, images, symlinks=True)
     else:
         make_tree(images, args.images, 110_000)
-    rels = sorted(str(p.relative_to(images)) for p in images.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    named = sorted(str(p.relative_to(images)) for p in images.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    rels = [rel for rel in named if is_image(images / rel)]  # what a loader's is_valid_file would keep
+    if len(rels) < len(named):
+        print(f"skipped {len(named) - len(rels)} of {len(named)} files named as images that Pillow cannot open, e.g. "
+              f"{next(rel for rel in named if rel not in set(rels))}")
     if not rels:
         raise SystemExit(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) under {args.source}")
     np.random.default_rng(0).shuffle(rels)  # an epoch's order, cut among the nodes

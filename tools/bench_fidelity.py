@@ -35,6 +35,13 @@ from photo_samples import make_photo_set  # noqa: E402
 from fanfs.tune.fidelity import FidelityCurve, format_curve  # noqa: E402
 
 
+def decoder() -> str:
+    """The decoder every ratio depends on: a Pillow or libjpeg-turbo upgrade is a cause to rule out (issue 29)."""
+    import PIL
+    from PIL import features
+    return f"Pillow {PIL.__version__}, libjpeg-turbo {features.version('libjpeg_turbo')}"
+
+
 def _read_share(paths: list[str]) -> int:
     from PIL import Image
     total = 0
@@ -139,7 +146,7 @@ def main() -> int:
         src = work / "src"
         rels = make_images(src, args.images, args.size_kb)
         source_bytes = sum((src / r).stat().st_size for r in rels)
-        print(f"{args.images} images, {source_bytes / 1e6:.1f} MB (load {load_average()})")
+        print(f"{args.images} images, {source_bytes / 1e6:.1f} MB (load {load_average()}; {decoder()})")
         measured = {}
         for preset in args.presets.split(","):
             measured[preset] = measure_preset(src, work / f"store-{preset}", preset, args)
@@ -181,7 +188,7 @@ def main() -> int:
               f"({native:,.0f} files/s; load {load_average()})")
         print(table(["K", "files/s", "MB presented", "MB from storage", "x files/s", "x originals", "x presented",
                      "x storage"], rows))
-        write_json(args.json, {"presets": {p: {k: v for k, v in m.items() if k != "text"} for p, m in measured.items()},
+        write_json(args.json, {"decoder": decoder(), "presets": {p: {k: v for k, v in m.items() if k != "text"} for p, m in measured.items()},
                                "tiers": {"curve": tiered["curve"], "costs": costs},
                                "originals_files_per_s": native, "results": results})
     return 0

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..util.units import human_size
 from .args import positive, print_json
 from .presentation import add_presentation_options, note_to_stderr, presentation_values
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -40,6 +44,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ..store.info import format_info, store_info
     store = Store(args.store, check_shards=False)
     info = store_info(store)
+    info["fidelity_curve"] = _saved_curve_line(store)
     presentation = resolve(store, presentation_values(args), note=note_to_stderr)
     staged = None
     if presentation != Presentation():
@@ -62,6 +67,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print_json(info)
         return 0
     print(format_info(info))
+    if info["fidelity_curve"]:
+        print(f"fidelity   {info['fidelity_curve']}")
     if "staged" in info:
         gain = info["staged"]["capacity_gain"]
         print(f"at {label}: {human_size(read)} of {human_size(full)} stored bytes are read ({read / max(1, full):.0%})"
@@ -71,6 +78,22 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _saved_curve_line(store: Store) -> str | None:
+    """What ``info`` says of the fidelity curve saved with the store (None: there is none)."""
+    from ..errors import StoreError
+    from ..records import FULL
+    from ..tune.curve import saved_curve
+    try:
+        curve = saved_curve(store)
+    except StoreError as err:
+        return f"the saved curve is refused: {err}"
+    if curve is None:
+        return None
+    k = curve.recommend(0.95)
+    return (f"curve saved with the store ({curve.images:,} sampled images; auto:0.95 -> {'full' if k == FULL else k}): "
+            "auto:SSIM measures nothing")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     return run_demo(args.workdir, keep=args.keep)
@@ -78,13 +101,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     p = command("verify", cmd_verify, "re-check every checksum of a store (and with --against, every byte)")
-    p.add_argument("store")
+    p.add_argument("store", help="the store directory")
     p.add_argument("--against", metavar="SRC", help="also compare with the source tree")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     p = command("info", cmd_info, "what a store holds: files, bytes, ratio per codec, shards")
-    p.add_argument("store")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("store", help="the store directory")
+    p.add_argument("--json", action="store_true", help="the same as JSON")
     p.add_argument("--nodes", type=positive, metavar="N", help="also show how N nodes would hold the shards")
     p.add_argument("--replicas", type=positive, default=1, help="with --nodes: copies of each shard (default 1)")
     add_presentation_options(p, what=". Shown: the bytes a job staged at this presentation holds (per node with "

@@ -108,13 +108,14 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
 
     p = steps.add_parser("serve", help="one node's part: stage, mount, serve peers, clean up (one task per node)")
     p.set_defaults(func=cmd_job_serve)
-    p.add_argument("store")
+    p.add_argument("store", help="the store, on a file system every node sees")
     p.add_argument("--no-mount", action="store_true", help="serve peers and in-process readers, mount nothing")
-    p.add_argument("--replicas", type=positive, default=1)
+    p.add_argument("--replicas", type=positive, default=1, help="copies of each shard across the nodes (default 1)")
     add_presentation_options(p)
-    p.add_argument("--cache-size", type=size, default="1G")
-    p.add_argument("--workers", type=positive, default=None)
+    p.add_argument("--cache-size", type=size, default="1G", help="the mount's cache for decoded blobs (default 1G)")
+    p.add_argument("--workers", type=positive, default=None, metavar="N",
+                   help="serving processes (default: a quarter of the node's cores, 1 to 8)")
 
     p = steps.add_parser("exec", help="one task of the training command, given its node's mount in $FANFS_MNT")
     p.set_defaults(func=cmd_job_exec)
-    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command of the task, run with $FANFS_MNT set")

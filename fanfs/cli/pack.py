@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from ..util.server import default_workers
 from ..util.units import human_rate, human_size
 from ..records import kinds
 from .args import positive, positive_size, print_json, seconds, size
@@ -65,7 +66,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     if args.json:
         print_json(selection_json(sel))
     else:
-        print(format_report(sel))
+        print(format_report(sel, every=args.all))
     notes = sys.stderr if args.json else sys.stdout
     if args.plot:
         plot(sel, args.plot)
@@ -103,18 +104,22 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                 "read rate, the best ratio that keeps up (writes a plan for pack --plan)")
     p.add_argument("src", help="directory to sample")
     p.add_argument("--sample", default="2%", help="fraction of files to sample, e.g. 2%% (at least 32 and ~8 MiB per extension)")
-    p.add_argument("--mode", choices=("sync", "async"), default="async",
-                   help="sync: decode time adds to each read; async: decoding overlaps compute (default async)")
+    p.add_argument("--mode", choices=("sync", "async"), default="sync",
+                   help="sync: a read waits for its decode, as in a fanfs mount's serving processes (default); async: "
+                        "decoding overlaps compute (readers that prefetch, e.g. fsspec in DataLoader workers)")
     demand = p.add_mutually_exclusive_group()
     demand.add_argument("--rate", help="demanded read rate, e.g. 800MB/s (decimal; MiB/s binary)")
     demand.add_argument("--samples-per-sec", type=float, help="demanded files per second (x mean file size = rate)")
-    p.add_argument("--threads", type=positive, default=2, help="reader/decoder threads of the job (default 2)")
+    p.add_argument("--threads", type=positive, default=default_workers(),
+                   help="threads that decode: a mount's serving processes (mount --workers) or the DataLoader workers "
+                        f"reading through fsspec (default: a mount's default here, {default_workers()})")
     p.add_argument("--overhead", default="5%", help="sync: decode time allowed, as part of the read budget (default 5%%)")
     p.add_argument("--headroom", default="20%", help="async: decode throughput above the rate (default 20%%)")
     p.add_argument("--capacity", type=size, help="node-local space per node for the store, e.g. 400G")
     p.add_argument("--nodes", type=positive, default=1, help="nodes sharing the store (default 1)")
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard across nodes (default 1)")
     p.add_argument("--json", action="store_true", help="the measurements and the choice as JSON")
+    p.add_argument("--all", action="store_true", help="list every candidate, not only the best trade-offs and the choice")
     p.add_argument("-o", "--output", metavar="PLAN", help="write the plan (JSON) for fanfs pack --plan")
     p.add_argument("--plot", metavar="PNG", help="ratio against decode speed per class, feasible region and choice")
     p.add_argument("--sample-cap", type=size, default="16M", help="bytes read per class (default 16M)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 
 from ..errors import UsageError
@@ -71,11 +72,15 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
+    from ..serve.control import was_mounted
     from ..serve.daemon import umount
     if umount(args.mountpoint, lazy=args.lazy):
         print(f"unmounted {args.mountpoint}")
-    else:
+    elif was_mounted(args.mountpoint):  # a mount of this user's was there: it ended already
         print(f"{args.mountpoint}: not mounted (ended already); nothing to do")
+    else:  # never a fanfs mount of this user's: a wrong path (a typo in a job script) must not pass unnoticed
+        raise UsageError(f"{args.mountpoint} is not a fanfs mount, and none of yours was ever mounted there: check "
+                         "the path")
     return 0
 
 
@@ -104,6 +109,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
     from ..store import Store
+    from ..tune.curve import save_curve
     from ..tune.fidelity import analyse, format_curve, plot_curve
     from ..util.plots import pyplot
     if args.plot:
@@ -115,6 +121,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         raise UsageError(f"--source {args.source} is not a directory: give the tree the store was packed from")
     curve = analyse(store, args.sample, args.seed, progress=not args.json, timed=args.timed, source=args.source,
                     max_pixels=args.max_pixels)
+    saved = save_curve(store, curve) if args.save else None
     if args.plot:
         plot_curve(curve, args.min_ssim, args.plot)
     if args.json:
@@ -124,62 +131,83 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         print(format_curve(curve, args.min_ssim))
         if args.plot:
             print(f"plot: {args.plot}")
+    if saved:
+        print(f"saved: {saved} (auto:SSIM on this store now reads it: mounts, jobs and fsspec readers measure nothing)",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from ..records import Presentation
+    from ..records import Presentation, setting
     from ..serve.control import request
     stats = request(args.mountpoint, {"cmd": "stats"})
-    if args.json:
+    shown = Presentation({name: stats[name] for name in Presentation.NAMES}).describe()
+    if args.json:  # settings as their options write them ("full", "4", "1/2"), not their codes (65535)
+        for values in (stats, stats.get("staged", {})):
+            values.update({name: setting(name).format(values[name]) for name in Presentation.NAMES if name in values})
         print_json(stats)
         return 0
+    print("\n".join(_stats_lines(args.mountpoint, stats, shown)))
+    return 0
+
+
+def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
+    """``fanfs stats`` as text: what was served, at what rate since the mount, from which layers and sources."""
+    from ..records import Presentation
+    lines = []
     hits, misses = stats["cache_hits"], stats["cache_misses"]
-    shown = Presentation({name: stats[name] for name in Presentation.NAMES}).describe()
+    seconds = stats.get("seconds")  # a node without a mount does not say
+    rate = f" in {seconds:,.1f} s since the mount ({stats['reads'] / max(seconds, 1e-3):,.0f}/s on average)" if seconds else ""
+    throughput = f" ({human_size(stats['bytes_presented'] / max(seconds, 1e-3))}/s)" if seconds else ""
     if "node_dir" in stats:  # a node serving without a mount: its readers read in-process
-        print(f"node       {args.mountpoint} -> {stats['store']}  (no mount: in-process readers read here; staged at {shown})")
+        lines.append(f"node       {mountpoint} -> {stats['store']}  (no mount: in-process readers read here; staged at {shown})")
     else:
-        print(f"mount      {args.mountpoint} -> {stats['store']}  ({shown})")
-    print(f"reads      {stats['reads']:,}   errors {stats['errors']:,}"
-          + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
-             if stats["workers"] > 1 else ""))
-    print(f"presented  {human_size(stats['bytes_presented'])}   read from storage {human_size(stats['bytes_stored_read'])}"
-          + (f"   in {human_size(stats['bytes_presented'] // stats['reads'])} per read" if stats["reads"] else ""))
+        lines.append(f"mount      {mountpoint} -> {stats['store']}  ({shown})")
+    lines.append(f"reads      {stats['reads']:,}{rate}   errors {stats['errors']:,}"
+                 + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
+                    if stats["workers"] > 1 else ""))
+    lines.append(f"presented  {human_size(stats['bytes_presented'])}{throughput}   read from storage "
+                 f"{human_size(stats['bytes_stored_read'])}"
+                 + (f"   in {human_size(stats['bytes_presented'] // stats['reads'])} per read" if stats["reads"] else ""))
     if stats.get("readahead"):
-        print(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files)")
+        lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files)")
     if "lookups" in stats:  # a mount's requests for names: one per name not seen in a listing first
-        print(f"names      {stats['lookups']:,} looked up, {stats['listed']:,} given with their attributes in listings")
-    print(f"cache      {hits:,} hits / {misses:,} misses ({100 * hits / max(1, hits + misses):.0f}% hits)")
-    print(f"decode     {stats['decode_seconds']:.3f} s")
-    for note in stats.get("notes", []):
-        print(f"note       {note}")
+        lines.append(f"names      {stats['lookups']:,} looked up, {stats['listed']:,} given with their attributes in listings")
+    lines.append(f"blobs      {hits + misses:,} read, {hits:,} of them from fanfs's memory cache (--cache-size keeps only "
+                 "blobs read in parts; a file read whole is cached by the kernel, whose hits never reach fanfs)")
+    lines.append(f"decode     {stats['decode_seconds']:.3f} s decompressing blobs")
+    lines += [f"note       {note}" for note in stats.get("notes", [])]
     if stats["stored_by_layer"]:
-        print("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"])))
+        lines.append("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"], 1)))
+    if stats.get("stored_by_side_layer"):
+        names = stats.get("side_names", [])
+        lines.append("per tier   " + "  ".join(f"{names[i] if i < len(names) else f'side {i + 1}'}: {human_size(b)}"
+                                            for i, b in enumerate(stats["stored_by_side_layer"]) if b))
     if "staged" in stats:
         staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
-        print(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
+        lines.append(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
     if "cluster" in stats:
         c = stats["cluster"]
-        print(f"node       rank {c['rank']} of {c['nodes']}, {c['local_blobs']:,} blobs held, {c['replicas']} replicas")
-        print(f"local      {human_size(c['local_bytes'])}   remote {human_size(c['remote_bytes'])} in "
-              f"{c['remote_requests']:,} requests ({c['remote_latency_mean_ms']:.2f} ms mean, "
-              f"{c['remote_latency_max_ms']:.2f} ms max; {c['remote_timeouts']} timeouts, {c['remote_failures']} failed)")
-        print(f"served     {human_size(c['served_bytes'])} in {c['served_requests']:,} requests to peers "
-              f"({c['refused']} refused, {c['failed']} failed)")
-    return 0
+        lines.append(f"node       rank {c['rank']} of {c['nodes']}, {c['local_blobs']:,} blobs held, {c['replicas']} replicas")
+        lines.append(f"local      {human_size(c['local_bytes'])}   remote {human_size(c['remote_bytes'])} in "
+                     f"{c['remote_requests']:,} requests ({c['remote_latency_mean_ms']:.2f} ms mean, "
+                     f"{c['remote_latency_max_ms']:.2f} ms max; {c['remote_timeouts']} timeouts, {c['remote_failures']} failed)")
+        lines.append(f"served     {human_size(c['served_bytes'])} in {c['served_requests']:,} requests to peers "
+                     f"({c['refused']} refused, {c['failed']} failed)")
+    return lines
 
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     p = command("mount", cmd_mount, "mount a store read-only; returns once the mount serves")
-    p.add_argument("store")
-    p.add_argument("mountpoint")
+    p.add_argument("store", help="the store directory ('fanfs pack' made it)")
+    p.add_argument("mountpoint", help="an existing directory where the store's files appear")
     p.add_argument("--cache-size", type=size, default="1G", help="memory for decoded blobs (default 1G)")
     add_presentation_options(p)
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached (for srun/mpiexec, systemd)")
     p.add_argument("-o", action="append", default=[], metavar="OPTION", help="allow_other: let other users read")
     p.add_argument("--debug", action="store_true", help="log every FUSE request")
     p.add_argument("--local-dir", metavar="DIR", help="this node's staged shards (see 'fanfs stage'); under "
-                   "mpiexec/srun, peers serve the shards this node lacks over MPI (needs --foreground)")
+                   "mpiexec/srun, peers serve the shards this node lacks over TCP (needs --foreground)")
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
     p.add_argument("--stage", action="store_true", help="stage this node's shards into --local-dir first, only the "
                    "layers its presentation reads (higher ones are then read from the shared store)")
@@ -199,8 +227,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
 
     p = command("stage", cmd_stage, "copy this node's shards of a store to local disk (one rank per node "
                 "under mpiexec/srun; {rank} in paths is the rank); a rerun resumes")
-    p.add_argument("store")
-    p.add_argument("local_dir", metavar="LOCAL_DIR")
+    p.add_argument("store", help="the store, on a file system every node sees")
+    p.add_argument("local_dir", metavar="LOCAL_DIR", help="node-local directory for this node's shards")
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
     add_presentation_options(p, what=". Staged: only the layers this reads (a prefix of each shard), so the local "
                                   "disk holds more; a mount above it reads the rest from the shared store")
@@ -209,35 +237,39 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
 
     p = command("umount", cmd_umount, "unmount a fanfs mount and wait for its daemon to exit (a mount that has "
                 "ended already is no error: in a job, the first unmount ends every node's mount)")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="where the store is mounted")
     p.add_argument("--lazy", "-z", action="store_true", help="detach now even if files are open")
 
     p = command("wait", cmd_wait, "wait until the mount at MOUNTPOINT serves")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="the mount point 'fanfs mount' was given")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
 
     p = command("ctl", cmd_ctl, "change a running mount's presentation settings (files opened afterwards get them)")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="a running fanfs mount")
     add_presentation_options(p, default=None)
 
     p = command("fidelity", cmd_fidelity, "measure bytes, SSIM/MS-SSIM and decode speed per fidelity K on sampled "
                 "JPEG records")
-    p.add_argument("store")
+    p.add_argument("store", help="a store packed with --progressive-jpeg (or --scan-script, --scales)")
     p.add_argument("--sample", type=positive, default=500, help="images to sample (default 500)")
     p.add_argument("--timed", type=count, default=100, metavar="N",
                    help="images of the sample whose Pillow decode is timed at every K, in this process (default "
                         "100, a few ms per image and K; 0: no timing); speeds are relative to the full presentation")
     p.add_argument("--source", metavar="DIR",
                    help="the tree the store was packed from: decode speed relative to the original files too")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0: the same images each run)")
     p.add_argument("--min-ssim", type=float, default=0.95, help="quality bar for the recommendation (default 0.95)")
     p.add_argument("--max-pixels", type=positive_size, default="64M", metavar="N",
                    help="sampled records with more pixels are skipped, as are those smaller than SSIM's 11x11 "
                         "window; the report says how many (default 64M = 67,108,864, pack's --max-pixels: measuring "
                         "needs ~16 bytes per pixel per worker)")
     p.add_argument("--plot", metavar="PNG", help="write a plot of both curves, the bytes and the decode speed")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--save", action="store_true",
+                   help="keep the curve with the store (STORE/fidelity.json, beside the index): every mount, job and "
+                        "fsspec reader of the store then looks auto:SSIM up in it and measures nothing (needs write "
+                        "access to the store's directory)")
+    p.add_argument("--json", action="store_true", help="the curve and the recommendation as JSON on stdout")
 
     p = command("stats", cmd_stats, "what a running mount has served")
-    p.add_argument("mountpoint")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("mountpoint", help="a running fanfs mount (or a node directory served with --no-mount)")
+    p.add_argument("--json", action="store_true", help="the counters as JSON (settings as their options write them)")

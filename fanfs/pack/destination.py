@@ -15,7 +15,7 @@ import shutil
 import socket
 import uuid
 
-from ..store.format import INDEX_MAGIC, INDEX_NAME, SHARD_DIR
+from ..store.format import INDEX_MAGIC, INDEX_NAME, SAVED_NAMES, SHARD_DIR
 from ..util.workers import pid_alive
 from .shards import PackError
 
@@ -25,14 +25,15 @@ left by a pack that is no longer running on this host, is ever removed as stale.
 
 
 def _is_store(path: str) -> bool:
-    """Is ``path`` recognisably a fanfs store: an index with fanfs's magic and nothing but index and shards?"""
+    """Is ``path`` recognisably a fanfs store: an index with fanfs's magic and nothing but index, shards and the
+    measurements saved with it?"""
     try:
         names = set(os.listdir(path))
         with open(os.path.join(path, INDEX_NAME), "rb") as f:
             magic = f.read(len(INDEX_MAGIC))
     except OSError:
         return False
-    if magic != INDEX_MAGIC or not names <= {INDEX_NAME, SHARD_DIR, PARTIAL_MARKER}:
+    if magic != INDEX_MAGIC or not names <= {INDEX_NAME, SHARD_DIR, PARTIAL_MARKER, *SAVED_NAMES}:
         return False
     shards = os.path.join(path, SHARD_DIR)
     return not os.path.exists(shards) or all(n.split(".")[0].isdigit() for n in os.listdir(shards))

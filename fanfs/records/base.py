@@ -62,6 +62,13 @@ class Reader(Protocol):
         ...
 
 
+SIDE_LAYER = 64
+"""What a reader counts side layer j as: layer ``SIDE_LAYER + j`` (every kind has fewer layers than that), so that
+``fanfs stats`` tells a resolution tier's bytes from a scan's."""
+SIDE_LAYERS = 8
+"""Side layers a reader counts apart (a JPEG record has at most 4 tiers)."""
+
+
 @dataclass
 class Packed:
     """A file cut into layers by a kind at pack time.
@@ -159,6 +166,10 @@ class RecordKind:
 
     def presentation_notes(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> list[str]:
         """What a mount's ``stats`` says of ``entries`` under ``presentation`` (e.g. how many lack the view asked for)."""
+        return []
+
+    def side_names(self, index: Columns) -> list[str]:
+        """What the store's side layers of this kind's files are, by position (``fanfs stats`` labels them)."""
         return []
 
     def blobs_read(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> np.ndarray:
@@ -300,6 +311,16 @@ def presentation_notes(index: Columns, presentation: Presentation) -> list[str]:
     files = np.flatnonzero(index.type == 1)
     return [note for kind_id, kind in _REGISTRY.items()
             for note in kind.presentation_notes(index, files[index.record[files] == kind_id], presentation)]
+
+
+def side_names(index: Columns) -> list[str]:
+    """The store's side layers by position, as the kind whose files have them names them (``1/2``, ``1/4``)."""
+    files = np.flatnonzero(index.type == 1)
+    for kind_id, kind in _REGISTRY.items():
+        mine = files[index.record[files] == kind_id]
+        if mine.size and (names := kind.side_names(index)):
+            return names
+    return []
 
 
 def pack_kinds(options: Mapping[str, Any], plan_records: Mapping[str, Mapping[str, Any]]) -> list[RecordKind]:

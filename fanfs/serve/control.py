@@ -42,6 +42,12 @@ def log_path(mountpoint: str) -> str:
     return _stem(mountpoint) + ".log"
 
 
+def was_mounted(mountpoint: str) -> bool:
+    """Whether a fanfs mount of this user's served at ``mountpoint`` (on this node, since its runtime directory
+    was made): its log, or the mark it leaves when it ends (:meth:`MountLock.remove`)."""
+    return any(os.path.exists(_stem(mountpoint) + suffix) for suffix in (".log", ".ended"))
+
+
 @contextlib.contextmanager
 def _address(path: str) -> Iterator[str]:
     """An AF_UNIX address for ``path`` however deep it lies (an address holds at most 107 bytes, and a
@@ -99,6 +105,8 @@ class MountLock:
     def remove(self) -> None:
         """The mount has ended (no process of it serves any more): remove the lock file, then release it."""
         if self.fd >= 0 and self._named_by_path():
+            with contextlib.suppress(OSError):  # a mark only: 'fanfs umount' then knows a mount was here
+                os.close(create_private(self.path.removesuffix(".lock") + ".ended"))
             os.unlink(self.path)
         self.release()
 

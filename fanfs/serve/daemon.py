@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FanfsError, StoreError
-from ..records import Presentation, check_presentation, presentation_notes
+from ..records import Presentation, check_presentation, presentation_notes, side_names
 from ..store import Store
 from ..store.format import INDEX_NAME, SHARD_DIR
 from ..util.mounts import mounted, unmount
@@ -185,6 +185,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     from .workers import merge_counters
 
     configure_server()
+    started = time.monotonic()
     hooks = hooks or Hooks()
     processes = None  # the serving processes, once forked (fanfs.serve.workers)
 
@@ -211,7 +212,8 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
         summed = merge_counters(parts)
         return {"store": store.root, **fs.presentation, "workers": options.workers, "readahead": fs.readahead(),
                 "reads_by_process": [part["reads"] for part in parts], **summed,
-                "notes": presentation_notes(store.index, fs.presentation),
+                "notes": presentation_notes(store.index, fs.presentation), "side_names": side_names(store.index),
+                "seconds": round(time.monotonic() - started, 3),
                 **(hooks.extra_stats(summed) if hooks.extra_stats else {})}
 
     def present(message: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ A store is one directory::
 
     STORE/index             global metadata: JSON header + numpy columns, checksummed as a whole
     STORE/shards/000000     blobs, layer-major, behind a small header naming the store
+    STORE/fidelity.json     optional: the fidelity curve measured once and saved with the store (:mod:`.saved`)
 
 The index container is ``MAGIC, version, JSON length, JSON, columns (64-byte aligned), xxh3-64 of all
 that``.  Columns are read with ``numpy.frombuffer`` on an mmap, so opening an index of millions of
@@ -37,6 +38,9 @@ INDEX_MAGIC = b"FANFSIDX"
 SHARD_MAGIC = b"FANFSSHD"
 INDEX_NAME = "index"
 SHARD_DIR = "shards"
+SAVED_NAMES = ("fidelity.json",)
+"""Optional files a store may hold beside its index: measurements saved with it (:mod:`.saved`).  An older fanfs
+never opens them."""
 SHARD_HEADER = struct.Struct("<8sII16s32x")  # magic, shard version, shard number, store id
 
 _INDEX_HEAD = struct.Struct("<8sIIQ")  # magic, version, reserved, JSON length

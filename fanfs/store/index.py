@@ -38,6 +38,7 @@ class Index:
         ``file_id``: for ``data`` read whole from the index file, that file's identity (:mod:`.trust`).
         """
         self.meta, columns, self.nbytes, digest, read_from = read_index(path, data)
+        self.digest = digest  # the index file's checksum, which measurements saved with the store are bound to
         file_id = file_id or read_from
         self.data = data  # the bytes it was given (a job's rank hands them to its daemon), else None
         check_schema(columns)

@@ -69,6 +69,17 @@ def _plan_classes(store: Store) -> list[dict[str, Any]]:
     return out
 
 
+def _codec_note(info: dict[str, Any]) -> str:
+    """What the codec table's columns mean: a source file, its full presentation and its stored bytes differ."""
+    jpeg, tiers = "jpeg" in info["records"], any("tiers" in r for r in info["records"].values())
+    return ("full size: the files as presented at full fidelity" + (" (a JPEG record: its progressive file, a few % "
+                                                                    "smaller than the source's)" if jpeg else "")
+            + "\nstored: their bytes in the shards" + (", resolution tiers included (a ratio can fall below 1)" if tiers
+                                                         else "")
+            + ("; raw: no compression (JPEG scans are compressed already)" if any(c["codec"] == "raw" for c in
+                                                                                 info["codecs"]) else ""))
+
+
 def format_info(info: dict[str, Any]) -> str:
     lines = [
         f"store      {info['store']}  (id {info['store_id'][:12]}, format {info['format']}, created {info['created']})",
@@ -85,11 +96,12 @@ def format_info(info: dict[str, Any]) -> str:
                      f"{r['fallbacks']:,} kept as plain files")
         lines.extend(f"{'':<10} {note}" for note in r.get("notes", []))
     width = max([len("codec"), *(len(c["codec"]) for c in info["codecs"])])
-    lines.append(f"{'codec':<{width}}   files        raw     stored   ratio")
+    lines.append(f"{'codec':<{width}}   files  full size     stored   ratio")
     for c in info["codecs"]:
         ratio = f"{c['ratio']:.2f}" if c["ratio"] else "-"
         lines.append(f"{c['codec']:<{width}} {c['files']:>7,} {human_size(c['raw']):>10} "
                      f"{human_size(c['stored']):>10} {ratio:>7}")
+    lines += _codec_note(info).splitlines()
     if info.get("classes"):
         lines.append("class (plan)  codec                  files        raw     stored   ratio  predicted")
         for c in info["classes"]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..codecs import Codec, CodecError, codec_from_config
 from ..errors import DataError, FanfsError, NotHeld, StoreError
-from ..records import FULL, Presentation, RecordKind, kind_table
+from ..records import FULL, SIDE_LAYER, SIDE_LAYERS, Presentation, RecordKind, kind_table
 from ..records.base import Span
 from ..util.files import open_regular
 from .cache import BlobCache
@@ -32,7 +32,6 @@ from .sources import LocalShards, ShardSource
 
 log = logging.getLogger("fanfs")
 
-MAX_LAYERS = 64
 REPORT_EVERY = 60.0
 """Seconds before the same failing blob is logged again (the kernel retries a failed read at once)."""
 
@@ -47,14 +46,16 @@ class Stats:
     cache_misses: int = 0
     decode_seconds: float = 0.0
     errors: int = 0
-    stored_by_layer: list[int] = field(default_factory=lambda: [0] * MAX_LAYERS)  # a list: += on it is cheap
+    stored_by_layer: list[int] = field(default_factory=lambda: [0] * (SIDE_LAYER + SIDE_LAYERS))  # += on a list is cheap
     by_source: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        layers = self.stored_by_layer
+        layers, side = self.stored_by_layer[:SIDE_LAYER], self.stored_by_layer[SIDE_LAYER:]
         used = max((i + 1 for i, stored in enumerate(layers) if stored), default=0)
+        used_side = max((i + 1 for i, stored in enumerate(side) if stored), default=0)
         return {"reads": self.reads, "bytes_presented": self.bytes_presented,
-                "bytes_stored_read": sum(layers), "stored_by_layer": layers[:used],
+                "bytes_stored_read": sum(self.stored_by_layer), "stored_by_layer": layers[:used],
+                "stored_by_side_layer": side[:used_side],
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
                 "decode_seconds": round(self.decode_seconds, 6), "errors": self.errors,
                 "by_source": dict(self.by_source)}
@@ -167,7 +168,7 @@ class Store:
         """Verified stored bytes of a blob from the first source that has a good copy."""
         if self._runs and (ahead := getattr(self._ahead, "blobs", None)) and (got := ahead.pop(blob, None)):
             data, name = got
-            self.stats.stored_by_layer[min(layer, MAX_LAYERS - 1)] += len(data)
+            self.stats.stored_by_layer[min(layer, SIDE_LAYER + SIDE_LAYERS - 1)] += len(data)
             self.stats.by_source[name] = self.stats.by_source.get(name, 0) + len(data)
             return data
         shard = self._shard[entry]
@@ -183,7 +184,7 @@ class Store:
                 problems.append(f"{source.name}: {err}")
                 continue
             if len(data) == length and checksum(data) == expected:
-                self.stats.stored_by_layer[min(layer, MAX_LAYERS - 1)] += length
+                self.stats.stored_by_layer[min(layer, SIDE_LAYER + SIDE_LAYERS - 1)] += length
                 self.stats.by_source[source.name] = self.stats.by_source.get(source.name, 0) + length
                 if problems and self._first_report(blob):
                     log.warning("%s: used %s after: %s", self._describe(entry, blob), source.name, "; ".join(problems))
@@ -244,7 +245,7 @@ class Store:
         ``keep=False`` for a blob that one read covers whole: the kernel's page cache holds those bytes
         already, and keeping them here would cost memory and fresh-page faults on every read (measured:
         a cold 110 KB read took 110 us of CPU with a 1 GiB cache, 34 us without).  ``stream=True`` for a chunk
-        of a large file: kept, if at all, only among the last few (:data:`STREAM_CACHE`), whose memory the next
+        of a large file: kept, if at all, only among the last few (``stream.STREAM_CACHE``), whose memory the next
         ones reuse, each loaded once by the threads and serving processes that want it (:mod:`.stream`).
         """
         cache = self.stream.cache if stream else self.cache

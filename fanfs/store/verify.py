@@ -14,8 +14,9 @@ from ..records import FULL, kinds
 from ..util.checksum import Digest
 from ..util.files import open_regular
 from ..util.progress import Progress
-from .format import DIR, FILE, SHARD_DIR, SHARD_HEADER, check_shard_header, digest_file, shard_name
+from .format import DIR, FILE, SAVED_NAMES, SHARD_DIR, SHARD_HEADER, check_shard_header, digest_file, shard_name
 from .reader import Store
+from .saved import read_saved
 from .walk import walk
 
 
@@ -49,6 +50,12 @@ def verify(store_path: str, against: str | None = None, progress: bool = True,
             report.notes += kind.describe(store.index, entries).get("notes", [])
     _verify_shards(store, report, problem, progress)
     _verify_files(store, report, problem, progress)
+    for name in SAVED_NAMES:  # optional files saved with the store: bound to this index, intact
+        try:
+            if read_saved(store.root, name, store.index, "remove it, or measure and save it again") is not None:
+                report.notes.append(f"{name}: a measurement saved with this index, intact")
+        except FanfsError as err:
+            problem(str(err))
     if against is not None:
         _verify_against(store, against, report, problem, progress)
     store.close()

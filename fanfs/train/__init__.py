@@ -2,7 +2,8 @@
 
 Both talk to a running mount through its control socket, so the training's own ``Dataset`` and
 ``DataLoader`` (workers included) stay unmodified: files opened after a switch get the new fidelity.
-torch is imported only when a function needs it (``pip install fanfs[torch]``).
+torch is imported only when a function needs it (``pip install torch==2.13.0``, the CPU build: the
+``torch`` extra, ``pip install -e '.[torch]'`` from the checkout).
 """
 
 from .gradient import FidelityChoice, choose_fidelity

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict
 
 import numpy as np
 
@@ -29,47 +31,17 @@ from ..util.plots import pyplot
 from ..util.progress import Progress
 from ..util.runtime import create_private, runtime_dir
 from ..util.workers import process_pool
+from .curve import FidelityCurve, reasons, saved_curve
 from .quality import WIN
 
+__all__ = ["FidelityCurve", "analyse", "auto_fidelity", "format_curve", "plot_curve"]
 
-@dataclass
-class FidelityCurve:
-    """Per K = 1..len(ks): means over the sampled images (an image with fewer layers than K is whole)."""
-
-    store_id: str
-    images: int
-    ks: list[int]
-    bytes_fraction: list[float]
-    ssim: list[float]
-    ms_ssim: list[float]
-    decode_vs_full: list[float] = field(default_factory=list)
-    """Per K, median over the timed images of decode time at full / at K (> 1: faster); empty if none timed."""
-    decode_vs_source: list[float] = field(default_factory=list)
-    """Per K, the same against the original file; empty without the source tree."""
-    timed: int = 0
-    with_source: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    """Sampled records left out of the means, by reason (too small for SSIM's window, too many pixels)."""
-    tiers: list[dict] = field(default_factory=list)
-    """Per resolution tier (``fidelity``: ``1/2``): ``records`` that have it and, over them, ``bytes_fraction``,
-    ``ssim`` and ``ms_ssim`` against the full image reduced as much; when timed ``decode_vs_full`` (and
-    ``decode_vs_source``), as for K.  Not candidates of ``recommend``: their SSIM is at another size."""
-
-    def skip_note(self) -> str:
-        """``skipped 3 of 100 sampled records: 2 smaller than 11x11 pixels ...`` (when some were)."""
-        left_out = sum(self.skipped.values())
-        return f"skipped {left_out} of {self.images + left_out} sampled records: {_reasons(self.skipped)}"
-
-    def recommend(self, min_ssim: float) -> int:
-        """Smallest K whose mean SSIM reaches ``min_ssim``; FULL when none does."""
-        for k, value in zip(self.ks, self.ssim):
-            if value >= min_ssim:
-                return k
-        return FULL
+log = logging.getLogger("fanfs")
 
 
 AUTO_SAMPLE = 100
-"""Images sampled for ``--fidelity auto:SSIM`` (the curve is measured once per store and cached, untimed)."""
+"""Images sampled for ``--fidelity auto:SSIM`` when the store has no saved curve (measured once per store and node,
+cached in the runtime directory, untimed)."""
 
 _store: Store | None = None  # the store being measured; forked workers inherit it
 
@@ -134,10 +106,6 @@ def _reduced(pixels: np.ndarray, scale: int) -> np.ndarray:
     """The decoded image reduced ``scale`` times by box averaging (how pack made the tier)."""
     from PIL import Image
     return np.asarray(Image.fromarray(pixels).reduce(scale))
-
-
-def _reasons(skipped: dict[str, int]) -> str:
-    return ", ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
 
 
 def _unmeasurable(store: Store, entry: int, max_pixels: int) -> str | None:
@@ -211,22 +179,26 @@ def _time_decodes(store: Store, entries: list[int], top: int, source: str | None
 
 
 def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = None, progress: bool = True,
-            timed: int = 0, source: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> FidelityCurve:
+            timed: int = 0, source: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
+            starting: Callable[[int], None] | None = None) -> FidelityCurve:
     """Measure the curve on ``sample`` records chosen with ``seed`` (parallel over ``jobs`` processes), then the
     decode speed on ``timed`` of those measured (in this process, against the originals under ``source``).
     Records that cannot be measured (:func:`_unmeasurable`, or that do not decode) are left out and counted in
-    ``skipped``."""
+    ``skipped``.  ``starting(n)``: told once the n records to measure are known, before the long part (a store
+    with none is an error before it)."""
     records = np.flatnonzero(store.index.record == JpegRecords.kind_id)
     if records.size == 0:
         raise StoreError(f"{store.root} holds no progressive JPEG records: pack with --progressive-jpeg")
     rng = np.random.default_rng(seed)
     sampled = np.sort(rng.choice(records, size=min(sample, records.size), replace=False)).tolist()
-    reasons = [_unmeasurable(store, entry, max_pixels) for entry in sampled]
-    chosen = np.array([entry for entry, why in zip(sampled, reasons) if why is None], np.int64)
-    skipped = dict(Counter(why for why in reasons if why))
+    whys = [_unmeasurable(store, entry, max_pixels) for entry in sampled]
+    chosen = np.array([entry for entry, why in zip(sampled, whys) if why is None], np.int64)
+    skipped = dict(Counter(why for why in whys if why))
     if chosen.size == 0:
         raise StoreError(f"{store.root}: none of the {len(sampled)} sampled JPEG records can be measured "
-                         f"({_reasons(skipped)}): give a fidelity K or full instead of measuring")
+                         f"({reasons(skipped)}): give a fidelity K or full instead of measuring")
+    if starting is not None:
+        starting(int(chosen.size))
     global _store
     _store = store
     entries = chosen.tolist()
@@ -258,7 +230,7 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
                     tier_rows[i, t] = row
     if not kept.any():
         raise StoreError(f"{store.root}: none of the {len(sampled)} sampled JPEG records can be measured "
-                         f"({_reasons(skipped)}): give a fidelity K or full instead of measuring")
+                         f"({reasons(skipped)}): give a fidelity K or full instead of measuring")
     chosen = chosen[kept]  # what follows (the decode times too) concerns the records measured
     top = int(store.index.layers[chosen].max())
     curve = FidelityCurve(store.meta["store_id"], int(chosen.size), list(range(1, top + 1)),
@@ -294,16 +266,23 @@ def _tier_row(value: int, rows: np.ndarray, vs_full: np.ndarray | None, vs_sourc
     return row
 
 
-def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = False,
+def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = True,
                  jobs: int | None = None) -> FidelityCurve:
-    """The curve for ``auto`` fidelity, measured once per store and sample and kept in the runtime dir."""
+    """The curve for ``auto`` fidelity of a store without a saved one: measured once per store and sample on this
+    node and kept in the runtime directory.  A measurement says first what it does and how to avoid it."""
     path = os.path.join(runtime_dir(), f"fidelity-{store.meta['store_id']}-{sample}-{seed}.json")
     try:
         with open(path) as f:
             return FidelityCurve(**json.load(f))
     except (OSError, ValueError, TypeError):
         pass
-    curve = analyse(store, sample, seed, jobs, progress=progress)
+
+    def starting(images: int) -> None:
+        log.warning("fanfs: measuring the fidelity curve of %s on %d sampled images for auto fidelity (once per store "
+                    "on this node; 'fanfs fidelity %s --save' measures it once and keeps it with the store for every "
+                    "node, job and reader)", store.root, images, store.root)
+
+    curve = analyse(store, sample, seed, jobs, progress=progress, starting=starting)
     tmp = f"{path}.{os.getpid()}"
     with open(create_private(tmp), "w") as f:
         json.dump(asdict(curve), f)
@@ -312,12 +291,16 @@ def cached_curve(store: Store, sample: int, seed: int = 0, progress: bool = Fals
 
 
 def auto_fidelity(store: Store, min_ssim: float, jobs: int | None = None) -> tuple[int, str]:
-    """``auto:SSIM``: the smallest K whose mean SSIM reaches ``min_ssim``, and a line saying so."""
-    curve = cached_curve(store, AUTO_SAMPLE, jobs=jobs)
+    """``auto:SSIM``: the smallest K whose mean SSIM reaches ``min_ssim`` on the curve saved with the store (else
+    measured: :func:`cached_curve`), and a line saying so."""
+    curve = saved_curve(store)
+    origin = "saved with the store" if curve is not None else "measured on this node"
+    if curve is None:
+        curve = cached_curve(store, AUTO_SAMPLE, jobs=jobs)
     k = curve.recommend(min_ssim)
     skipped = f"; {curve.skip_note()}" if curve.skipped else ""
     return k, (f"fidelity auto:{min_ssim} -> {'full' if k == FULL else k} (smallest K with mean SSIM >= "
-               f"{min_ssim} over {curve.images} sampled images{skipped})")
+               f"{min_ssim} over {curve.images} sampled images{skipped}; {origin})")
 
 
 def _resolve_auto(store: Store, auto: Auto, processes: int | None) -> tuple[int, str]:
@@ -357,25 +340,34 @@ def format_curve(curve: FidelityCurve, min_ssim: float) -> str:
 
 
 def plot_curve(curve: FidelityCurve, min_ssim: float, path: str) -> None:
-    """Quality and bytes per K; below them, when timed, the decode speed per K."""
+    """Quality and bytes per K, then per resolution tier (right of the Ks, marked apart: their SSIM is against the
+    image reduced as much); below them, when timed, the decode speed of each."""
     plt = pyplot()
     timed = bool(curve.decode_vs_full)
-    fig, axes = plt.subplots(2 if timed else 1, 1, figsize=(7, 7 if timed else 4.2), dpi=120, sharex=True,
+    fig, axes = plt.subplots(2 if timed else 1, 1, figsize=(10, 7 if timed else 4.2), dpi=120, sharex=True,
                              squeeze=False, gridspec_kw={"height_ratios": [3, 2]} if timed else None)
     ax = axes[0, 0]
     ax.plot(curve.ks, curve.ssim, "o-", label="SSIM vs full")
     ax.plot(curve.ks, curve.ms_ssim, "s-", label="MS-SSIM vs full")
     ax.plot(curve.ks, curve.bytes_fraction, "^--", color="gray", label="bytes read (fraction of full)")
     ax.axhline(min_ssim, color="red", lw=0.8, ls=":", label=f"SSIM bar {min_ssim}")
+    tiers = [t for t in curve.tiers if "ssim" in t]  # a tier no sampled record has has no point
+    at = [len(curve.ks) + 1 + i for i in range(len(tiers))]
+    if tiers:
+        ax.plot(at, [t["ssim"] for t in tiers], "D", color="tab:blue", mfc="none", ms=8,
+                label="SSIM of a resolution tier vs the image reduced as much")
+        ax.plot(at, [t["bytes_fraction"] for t in tiers], "v", color="gray", ms=8, label="bytes read at a tier")
     best = curve.recommend(min_ssim)
     for a in axes[:, 0]:
         if best != FULL:
             a.axvline(best, color="green", lw=1, ls="--", label=f"recommended K = {best}" if a is ax else None)
-        a.set_xticks(curve.ks)
+        if tiers:
+            a.axvline(len(curve.ks) + 0.5, color="black", lw=0.6)
+        a.set_xticks(curve.ks + at, [str(k) for k in curve.ks] + [t["fidelity"] for t in tiers])
         a.grid(alpha=0.3)
     ax.set_ylabel("mean over sample")
     ax.set_ylim(0, 1.02)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside the axes: over them it hid points
     ax.set_title(f"fanfs fidelity: quality and bytes per K ({curve.images} images)")
     if timed:
         speed = axes[1, 0]
@@ -383,11 +375,17 @@ def plot_curve(curve: FidelityCurve, min_ssim: float, path: str) -> None:
         if curve.decode_vs_source:
             speed.plot(curve.ks, curve.decode_vs_source, "s-", color="darkorange",
                        label=f"vs the original file ({curve.with_source} images)")
+        tier_speeds = []
+        for key, marker, colour in (("decode_vs_full", "o", "purple"), ("decode_vs_source", "s", "darkorange")):
+            points = [(x, t[key]) for x, t in zip(at, tiers) if key in t]
+            if points:
+                speed.plot(*zip(*points), marker, color=colour, mfc="none", ms=8)
+                tier_speeds += [v for _, v in points]
         speed.axhline(1.0, color="black", lw=0.8)
-        speed.set_ylim(0, max([1.1, *curve.decode_vs_full, *curve.decode_vs_source]) * 1.05)
+        speed.set_ylim(0, max([1.1, *curve.decode_vs_full, *curve.decode_vs_source, *tier_speeds]) * 1.05)
         speed.set_ylabel(f"decode speed (x; median of {curve.timed})")
-        speed.legend(loc="upper right", fontsize=8)
-    axes[-1, 0].set_xlabel("fidelity K (scan groups presented)")
+        speed.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    axes[-1, 0].set_xlabel("fidelity K (scan groups presented)" + (", then resolution tiers 1/S" if tiers else ""))
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)

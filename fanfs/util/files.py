@@ -44,9 +44,10 @@ def open_regular(path: str | bytes, *, follow: bool = True) -> int:
     return fd
 
 
-def read_regular(path: str | bytes, limit: int | None = None) -> bytes:
-    """The whole content of a regular file (at most ``limit`` bytes, else an error naming the limit)."""
-    fd = open_regular(path)
+def read_regular(path: str | bytes, limit: int | None = None, *, follow: bool = True) -> bytes:
+    """The whole content of a regular file (at most ``limit`` bytes, else an error naming the limit; not through
+    a symbolic link unless ``follow``)."""
+    fd = open_regular(path, follow=follow)
     try:
         size = os.fstat(fd).st_size
         if limit is not None and size > limit:

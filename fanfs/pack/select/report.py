@@ -31,7 +31,26 @@ def selection_json(sel: Selection) -> dict[str, Any]:
     }
 
 
-def format_report(sel: Selection) -> str:
+def speed(bytes_per_s: float | None) -> str:
+    """A decode or encode speed with 3 significant digits in a unit that suits it; ``-`` for no decoding (raw)."""
+    if bytes_per_s is None:
+        return "-"
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.3g} {unit}"
+    return f"{bytes_per_s / 1e3:.3g} kB/s"
+
+
+def shown(candidates: list[Any]) -> list[Any]:
+    """The candidates worth a row: those no other beats in both ratio and decode speed (the trade-off's front),
+    and the chosen one."""
+    return [c for c in candidates if c.chosen or not any(
+        o.ratio >= c.ratio and o.decode_speed() >= c.decode_speed() and (o.ratio, o.decode_speed()) != (c.ratio, c.decode_speed())
+        for o in candidates)]
+
+
+def format_report(sel: Selection, every: bool = False) -> str:
+    """The report as text; per class the candidates on the ratio/speed front and the chosen one (``every``: all)."""
     s, d = sel.sample, sel.demand
     lines = [f"source   {s.root}: {s.files:,} files, {human_size(s.bytes)}; sample {100 * s.fraction:g}% "
              f"({len(s.sampled):,} files, at least {GROUP_FLOOR} and ~8 MiB per extension), measured in {sel.seconds:.1f} s"]
@@ -52,13 +71,15 @@ def format_report(sel: Selection) -> str:
                      + (f", dictionary {human_size(len(cr.dictionary))} trained on {human_size(cr.train_bytes)}"
                         if cr.dictionary else ""))
         if cr.candidates:
-            lines.append(f"  {'candidate':<24} {'ratio':>7} {'enc MB/s':>9} {'dec MB/s':>9}  {'feasible':<8}  chosen")
-            for c in cr.candidates:
-                enc = "-" if c.encode_Bps is None else f"{c.encode_Bps / MB:,.1f}"
-                dec = "-" if c.decode_Bps is None else f"{c.decode_Bps / MB:,.1f}"
-                lines.append(f"  {c.spec:<24} {c.ratio:>7.3f} {enc:>9} {dec:>9}  {'yes' if c.feasible else 'no':<8}  "
-                             + ("<== chosen" if c.chosen else ""))
-            lines.append(f"  chosen: {cr.chosen.spec} (ratio {cr.chosen.ratio:.3f})")
+            rows = cr.candidates if every else shown(cr.candidates)
+            lines.append(f"  {'candidate':<24} {'ratio':>7} {'encode':>10} {'decode':>10}  {'feasible':<8}  chosen")
+            for c in rows:
+                lines.append(f"  {c.spec:<24} {c.ratio:>7.3f} {speed(c.encode_Bps):>10} {speed(c.decode_Bps):>10}  "
+                             f"{'yes' if c.feasible else 'no':<8}  " + ("<== chosen" if c.chosen else ""))
+            hidden = len(cr.candidates) - len(rows)
+            lines.append(f"  chosen: {cr.chosen.spec} (ratio {cr.chosen.ratio:.3f})"
+                         + (f"; {hidden} more candidates both slower and smaller in ratio than a row above (--all "
+                            "shows them)" if hidden else ""))
         for note in cr.notes:
             lines.append(f"  note: {note}")
     lines.append("")

@@ -20,7 +20,8 @@ import numpy as np
 
 from ...util.checksum import checksum
 from ...util.images import decode_pixels
-from ..base import AddOption, Columns, FULL, Packed, Presentation, Reader, RecordKind, expand, read_all, register
+from ...util.units import human_size
+from ..base import FULL, SIDE_LAYER, AddOption, Columns, Packed, Presentation, Reader, RecordKind, expand, read_all, register
 from .markers import EOI, JpegError, frame, looks_like_jpeg, split_layers
 from .options import DEFAULT_MAX_PIXELS, FIDELITY, add_pack_options, asked, format_fidelity
 from .scans import DEFAULT_SCANS, LIBJPEG, scan_script
@@ -94,6 +95,9 @@ class JpegRecords(RecordKind):
         return [f"fidelity {format_fidelity(value)}: {whole:,} of {entries.size:,} JPEG records have no such tier and "
                 "are shown whole"] if whole else []
 
+    def side_names(self, index: Columns) -> list[str]:
+        return [format_fidelity(value) for value in tier_values(index)]
+
     def reads_within(self, view: int, other: int) -> bool:
         """A tier is read by its own view alone: K views (and full) read scans, never a tier."""
         if is_tier(view) or is_tier(other):
@@ -142,7 +146,7 @@ class JpegRecords(RecordKind):
         first, layers = int(ix.first[entry]), int(ix.layers[entry])
         if is_tier(view) and (blob := _tier_blob(ix, entry, view)) >= 0:
             whole = offset == 0 and size >= int(ix.blob_raw[blob])
-            return reader.blob(entry, blob, blob - first, keep=not whole)[offset:offset + size]
+            return reader.blob(entry, blob, SIDE_LAYER + _slot(ix, view), keep=not whole)[offset:offset + size]
         shown = min(view, layers)
         raw = ix.blob_raw
         parts = []
@@ -190,10 +194,14 @@ class JpegRecords(RecordKind):
         if scales:
             tiered = int((index.count[entries] > index.layers[entries]).sum())
             quality = _tier_quality(index)
+            first, layers = index.first[entries].astype(np.int64), index.layers[entries].astype(np.int64)
+            scans = int(_range_sums(index.blob_stored, first, layers).sum())
+            side = int(_range_sums(index.blob_stored, first + layers, index.count[entries].astype(np.int64) - layers).sum())
             out["tiers"] = {"scales": [f"1/{s}" for s in scales], "quality": quality, "records": tiered,
-                            "without": int(entries.size) - tiered}
+                            "without": int(entries.size) - tiered, "stored_bytes": side}
             at = "the sources' own" if quality == 100 else f"at most {quality}"
-            out["notes"] = [f"resolution tiers {', '.join(out['tiers']['scales'])}: {tiered:,} records; "
+            out["notes"] = [f"resolution tiers {', '.join(out['tiers']['scales'])}: {tiered:,} records, "
+                            f"{human_size(side)} stored (+{side / max(1, scans):.0%} over their scans); "
                             f"{entries.size - tiered:,} without (shown at full at a tier fidelity)",
                             f"tier quality: {at} (pack --tier-quality {quality})"]
         packed = (index.meta.get("records") or {}).get(self.name)

@@ -1,0 +1,120 @@
+"""Issue 29: what a new user's first day ran into: help that explains every argument, a job script that lists
+every setting, an unmount of a wrong path that fails, ``stats`` and ``info`` that say what their figures are."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pytest
+from fanfs_command import fanfs
+from photo_samples import make_photo_set
+
+from fanfs.cli.main import build_parser
+from fanfs.records import settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _arguments(parser: argparse.ArgumentParser, name: str = "fanfs"):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, subparser in action.choices.items():
+                yield from _arguments(subparser, f"{name} {sub}")
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield name, action
+
+
+def test_every_argument_of_every_command_has_help():
+    missing = [f"{name} {action.option_strings or action.dest}" for name, action in _arguments(build_parser())
+               if not action.help]
+    assert not missing, missing
+
+
+def test_mount_help_says_peers_talk_tcp():
+    text = " ".join(fanfs("mount", "--help").stdout.split())
+    assert "over TCP" in text and "over MPI" not in text
+
+
+def test_the_job_script_lists_every_setting_of_job_help():
+    """slurm/train.sbatch's header: every FANFS_ variable 'fanfs job --help' names, each setting with its syntax."""
+    header = "".join(line for line in (REPO / "slurm" / "train.sbatch").read_text().splitlines(True)
+                     if line.startswith("#"))
+    helped = set(re.findall(r"^\s+(FANFS_[A-Z]+)\s", fanfs("job", "--help").stdout, re.MULTILINE))
+    assert {"FANFS_WORKERS", "FANFS_FIDELITY", "FANFS_LOCAL"} <= helped
+    assert not [v for v in helped if f"#   {v} " not in header], header
+    for setting in settings():
+        line = re.search(rf"#   {setting.variable}\s+(\S+)", header)
+        assert line and line.group(1).rstrip(":") == setting.metavar, (setting.variable, setting.metavar)
+
+
+def test_umount_of_a_directory_that_never_was_a_mount_fails_with_one_line(tmp_path):
+    done = fanfs("umount", tmp_path, check=False)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"fanfs: error: {tmp_path} is not a fanfs mount, and none of yours was ever mounted there: check the path"]
+
+
+@pytest.fixture(scope="module")
+def tiered(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tiered")
+    make_photo_set(base / "src" / "photos", 12)
+    fanfs("pack", base / "src", base / "store", "--scales", "2", "--quiet")
+    return base / "store"
+
+
+def test_stats_labels_layers_and_tiers_and_gives_a_rate(tiered, mount):
+    with mount(tiered, "--fidelity", "1/2") as mnt:
+        photos = sorted((mnt / "photos").iterdir())
+        for path in photos[:6]:
+            path.read_bytes()
+        fanfs("ctl", mnt, "--fidelity", "2")
+        for path in photos[6:]:
+            path.read_bytes()
+        text = fanfs("stats", mnt).stdout
+        data = json.loads(fanfs("stats", mnt, "--json").stdout)
+    lines = {line[:10].strip(): line[11:] for line in text.splitlines()}
+    assert re.fullmatch(r"12 in [\d.,]+ s since the mount \([\d,]+/s on average\)   errors 0", lines["reads"]), text
+    assert re.search(r"/s\)   read from storage", lines["presented"]), text
+    assert re.fullmatch(r"1: \S+ \S+  2: \S+ \S+", lines["per layer"]), text  # scans 1 and 2, counted from 1
+    assert re.fullmatch(r"1/2: \S+ \S+", lines["per tier"]), text  # the tier's bytes, not a layer number
+    assert "misses" not in text and "of them from fanfs's memory cache" in lines["blobs"]
+    assert data["fidelity"] == "2" and data["precision"] == "full" and "65535" not in json.dumps(data)
+    assert data["side_names"] == ["1/2"] and len(data["stored_by_side_layer"]) == 1
+    assert sum(data["stored_by_layer"]) + sum(data["stored_by_side_layer"]) == data["bytes_stored_read"]
+
+
+def test_info_says_what_its_columns_are_on_a_tiered_store(tiered):
+    text = fanfs("info", tiered).stdout
+    assert "codec   files  full size     stored   ratio" in text
+    assert "stored: their bytes in the shards, resolution tiers included" in text
+    assert re.search(r"resolution tiers 1/2: 12 records, \S+ \S+ stored \(\+\d+% over their scans\)", text), text
+
+
+@pytest.mark.timeout(120)
+def test_the_cluster_bench_counts_what_a_loader_skips_and_stops_at_a_dead_reader(tmp_path):
+    """bench_cluster --emulate on a photo folder holding a file that is no image hung for an hour: a reader died
+    on it and the bench waited on its queue.  Now such a file is counted as a loader's error handling would, and
+    a reader that dies (here: a file gone) ends the epoch at once."""
+    from bench_emulated import epoch, is_image
+    root = tmp_path / "images"
+    make_photo_set(root, 4)
+    (root / "notes.jpg").write_text("a text file with an image's name\n")
+    rels = sorted(p.name for p in root.iterdir())
+    assert [is_image(root / rel) for rel in rels].count(False) == 1
+    done = epoch([root], rels, readers=2, decode=True)
+    assert done["undecodable"] == 1 and done["total"] > 0
+    with pytest.raises(RuntimeError, match="a reader died"):  # the old code waited an hour: the timeout fails it
+        epoch([root], [*rels, "gone.jpg"], readers=2, decode=True)
+
+
+def test_the_install_lines_name_what_an_index_has():
+    """fanfs is installed from its checkout: no message or page may say 'pip install fanfs[...]' (no index has it),
+    and the environment tools/setup makes (tools/demo's) has fsspec, which the README's reading without FUSE needs."""
+    setup = (REPO / "tools" / "setup").read_text()
+    assert re.search(r'^extras="mpi,fsspec"', setup, re.MULTILINE), setup
+    texts = {path: path.read_text() for path in [REPO / "README.rst", *(REPO / "docs").glob("*.rst"),
+                                                 *(REPO / "fanfs").rglob("*.py")]}
+    assert not [path for path, text in texts.items() if re.search(r"pip install '?fanfs\[", text)]
