@@ -11,9 +11,9 @@ Workloads (under --workdir, a tmpfs by default, so the source's disk is not what
 * scale: --scale such files as a tar streamed into ``fanfs pack -`` (never on disk), and the same at a tenth of
   the count: pack time per file at both sizes, peak memory, and a fresh mount's launch to its first stat.
 
-Every row: seconds, files/s, MB/s of source, the peak resident memory of the whole process tree (sampled every
-50 ms; for the ratarmount route, ratarmount's too) and the image's size.  Ratios are against fanfs packing the
-tree.  Goals (issue 27): from a tar >= 0.9x the tree; >= 5x the ratarmount route; 2 ranks >= 1.6x one rank
+Every row: seconds (the median of --repeat rounds, every row once a round, so a shared box's load falls on all
+alike), files/s, MB/s of source, the peak resident memory of the whole process tree (sampled every 50 ms; for
+the ratarmount route, ratarmount's too) and the image's size.  Ratios are against fanfs packing the tree.  Goals (issue 27): from a tar >= 0.9x the tree; >= 5x the ratarmount route; 2 ranks >= 1.6x one rank
 transcoding; the scale row <= 1.5x the tenth's time per file and under 1 GB.
 """
 
@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import benchlib as bl
@@ -78,21 +79,15 @@ def size_of(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-class Rows:
-    """The table of one workload: each row timed once, ratios against the first (fanfs from the tree)."""
+@dataclass
+class Case:
+    """One row: a command that makes ``image`` (removed before each run), timed with its peak memory."""
 
-    def __init__(self, files: int, source_bytes: int) -> None:
-        self.files, self.bytes, self.rows, self.base = files, source_bytes, [], None
-
-    def add(self, name: str, seconds: float, peak: int, image: Path | None) -> None:
-        self.base = self.base or seconds
-        self.rows.append([name, seconds, self.files / seconds, self.bytes / seconds / 1e6, peak / 2**20,
-                          size_of(image) / 2**20 if image else float("nan"), self.base / seconds])
-        print(f"  {name}: {seconds:.1f} s, peak {human_size(peak)}", flush=True)
-
-    def show(self, title: str) -> None:
-        print(f"\n{title}: {self.files:,} files, {human_size(self.bytes)}")
-        print(bl.table(["what", "seconds", "files/s", "MB/s", "peak MiB", "image MiB", "x tree"], self.rows))
+    name: str
+    cmd: list[str]
+    image: Path | None = None
+    runs: list[tuple[float, int]] = field(default_factory=list)
+    size: float = float("nan")  # bytes of the image it made
 
 
 def fanfs_pack(*args: str | os.PathLike) -> list[str]:
@@ -104,39 +99,57 @@ def clean(*paths: Path) -> None:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
-def common_rows(rows: Rows, work: Path, tree: Path, tar: Path, jobs: int) -> None:
-    """fanfs from the tree, from the tar, through ratarmount; mksquashfs twice; tar2sqfs."""
-    store = work / "store"
-    for name, cmd in (("fanfs pack TREE", fanfs_pack(tree, store, "--jobs", jobs)),
-                      ("fanfs pack TAR", fanfs_pack(tar, store, "--jobs", jobs))):
-        clean(store)
-        rows.add(name, *bl.timed(cmd), store)
+def run_cases(cases: list[Case], repeat: int) -> None:
+    """Every case once per round, ``repeat`` rounds: the load of a shared box falls on every row alike."""
+    for round_ in range(repeat):
+        for case in cases:
+            if case.image is not None:
+                clean(case.image)
+            case.runs.append(bl.timed(case.cmd))
+            if case.image is not None:
+                case.size = size_of(case.image)
+            print(f"  [{round_ + 1}/{repeat}] {case.name}: {case.runs[-1][0]:.1f} s, peak {human_size(case.runs[-1][1])}",
+                  flush=True)
+    for case in cases:
+        if case.image is not None:
+            clean(case.image)
+
+
+def show(title: str, cases: list[Case], files: int, source_bytes: int) -> dict[str, float]:
+    """The table (median seconds; ratios against the first case: fanfs from the tree); name -> median seconds."""
+    seconds = {case.name: bl.median([t for t, _ in case.runs]) for case in cases}
+    base = seconds[cases[0].name]
+    rows = [[c.name, seconds[c.name], files / seconds[c.name], source_bytes / seconds[c.name] / 1e6,
+             max(m for _, m in c.runs) / 2**20, c.size / 2**20, base / seconds[c.name]]
+            for c in cases]
+    print(f"\n{title}: {files:,} files, {human_size(source_bytes)}; medians of {len(cases[0].runs)} interleaved runs")
+    print(bl.table(["what", "seconds", "files/s", "MB/s", "peak MiB", "image MiB", "x tree"], rows))
+    return seconds
+
+
+def common_cases(work: Path, tree: Path, tar: Path, jobs: str) -> list[Case]:
+    """fanfs from the tree, from the tar, through ratarmount; mksquashfs twice; tar2sqfs twice."""
+    store, image = work / "store", work / "image.sqfs"
+    cases = [Case("fanfs pack TREE", fanfs_pack(tree, store, "--jobs", jobs), store),
+             Case("fanfs pack TAR", fanfs_pack(tar, store, "--jobs", jobs), store)]
     ratarmount = shutil.which("ratarmount") or str(Path(sys.executable).parent / "ratarmount")
     if os.path.exists(ratarmount):
-        clean(store)
-        mnt = work / "ratarmount"
+        mnt, index = work / "ratarmount", work / "ratarmount.index.sqlite"
         mnt.mkdir(exist_ok=True)
-        index = work / "ratarmount.index.sqlite"
-        script = (f"{ratarmount} --index-file {index} {tar} {mnt} && "
+        script = (f"rm -f {index}; {ratarmount} --index-file {index} {tar} {mnt} && "  # its index made anew each run
                   f"{' '.join(fanfs_pack(mnt, store, '--jobs', jobs))}; s=$?; fusermount -u {mnt}; exit $s")
-        rows.add("ratarmount TAR + fanfs pack", *bl.timed(["sh", "-c", script]), store)
-        clean(index, mnt)
+        cases.append(Case("ratarmount TAR + fanfs pack", ["sh", "-c", script], store))
     else:
         print("  ratarmount: not installed (tools/setup --bench)")
-    image = work / "image.sqfs"
     for name, options in (("mksquashfs (default: gzip)", []),
                           ("mksquashfs -comp zstd level 3", ["-comp", "zstd", "-Xcompression-level", "3"])):
-        clean(image)
-        rows.add(name, *bl.timed(["mksquashfs", tree, image, "-noappend", "-quiet", "-processors", jobs, *options]),
-                 image)
+        cases.append(Case(name, ["mksquashfs", tree, image, "-noappend", "-quiet", "-processors", jobs, *options], image))
     if shutil.which("tar2sqfs"):
-        for name, options in (("tar2sqfs < TAR (default: xz)", []), ("tar2sqfs -c zstd level 3", ["-c", "zstd", "-X", "level=3"])):
-            clean(image)
-            rows.add(name, *bl.timed(["sh", "-c", f"tar2sqfs -q -f -j {jobs} {' '.join(options)} {image} < {tar}"]),
-                     image)
+        for name, options in (("tar2sqfs < TAR (default: xz)", ""), ("tar2sqfs -c zstd level 3", "-c zstd -X level=3")):
+            cases.append(Case(name, ["sh", "-c", f"tar2sqfs -q -f -j {jobs} {options} {image} < {tar}"], image))
     else:
         print("  tar2sqfs: not installed (Debian's squashfs-tools-ng: tools/setup --bench)")
-    clean(image, store)
+    return [Case(c.name, [str(x) for x in c.cmd], c.image) for c in cases]
 
 
 def photo_rows(args: argparse.Namespace, work: Path) -> None:
@@ -147,26 +160,23 @@ def photo_rows(args: argparse.Namespace, work: Path) -> None:
     for klass in sorted(tree.iterdir()):  # ImageNet's layout: one tar per class, inside one tar
         bl.run(["tar", "-cf", work / f"{klass.name}.tar", "-C", klass, "."])
     bl.run(["tar", "-cf", classes_tar, "-C", work, *[f"{k.name}.tar" for k in sorted(tree.iterdir())]])
-    rows = Rows(args.photos, tree_bytes(tree))
-    common_rows(rows, work, tree, tar, args.jobs)
     store = work / "store"
-    clean(store)
-    rows.add("fanfs pack TAR-OF-TARS --expand-archives", *bl.timed(fanfs_pack(classes_tar, store, "--expand-archives",
-                                                                               "--jobs", args.jobs)), store)
+    cases = [*common_cases(work, tree, tar, args.jobs),
+             Case("fanfs pack TAR-OF-TARS --expand-archives",
+                  fanfs_pack(classes_tar, store, "--expand-archives", "--jobs", args.jobs), store)]
     transcode = ("--progressive-jpeg", "--jobs", "1")
-    for name, cmd in (("--progressive-jpeg, 1 rank x 1 worker", fanfs_pack(tar, store, *transcode)),
-                      ("--progressive-jpeg, 2 ranks x 1 worker", [str(MPIEXEC), "-n", "2", *fanfs_pack(tar, store, *transcode)]),
-                      ("--progressive-jpeg, 1 rank x 2 workers", fanfs_pack(tar, store, "--progressive-jpeg", "--jobs", "2"))):
-        if "ranks" in name and not MPIEXEC.exists():
-            continue
-        clean(store)
-        rows.add(name, *bl.timed(cmd), store)
-    rows.show("photos (ImageNet-like JPEGs)")
-    seconds = {r[0]: r[1] for r in rows.rows}
-    if "--progressive-jpeg, 2 ranks x 1 worker" in seconds:
-        print(f"transcoding, 2 ranks vs 1: {seconds['--progressive-jpeg, 1 rank x 1 worker'] / seconds['--progressive-jpeg, 2 ranks x 1 worker']:.2f}x "
-              "(goal >= 1.6x: 0.8 N)")
-    clean(store)
+    cases += [Case("--progressive-jpeg, 1 rank x 1 worker", fanfs_pack(tar, store, *transcode), store),
+              Case("--progressive-jpeg, 1 rank x 2 workers", fanfs_pack(tar, store, "--progressive-jpeg", "--jobs", "2"),
+                   store)]
+    if MPIEXEC.exists():
+        cases.append(Case("--progressive-jpeg, 2 ranks x 1 worker",
+                          [str(MPIEXEC), "-n", "2", *fanfs_pack(tar, store, *transcode)], store))
+    run_cases(cases, args.repeat)
+    seconds = show("photos (ImageNet-like JPEGs)", cases, args.photos, tree_bytes(tree))
+    one = seconds["--progressive-jpeg, 1 rank x 1 worker"]
+    for name in ("--progressive-jpeg, 1 rank x 2 workers", "--progressive-jpeg, 2 ranks x 1 worker"):
+        if name in seconds:
+            print(f"transcoding, {name.split(', ')[1]} vs 1 rank x 1 worker: {one / seconds[name]:.2f}x (goal >= 1.6x)")
 
 
 def small_rows(args: argparse.Namespace, work: Path) -> None:
@@ -174,9 +184,9 @@ def small_rows(args: argparse.Namespace, work: Path) -> None:
     print(f"making {args.small:,} small files", flush=True)
     small_tree(tree, args.small)
     bl.run(["tar", "-cf", tar, "-C", tree, "."])
-    rows = Rows(args.small, tree_bytes(tree))
-    common_rows(rows, work, tree, tar, args.jobs)
-    rows.show("small files")
+    cases = common_cases(work, tree, tar, args.jobs)
+    run_cases(cases, args.repeat)
+    show("small files", cases, args.small, tree_bytes(tree))
     shutil.rmtree(tree)
     tar.unlink()
 
@@ -216,6 +226,7 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=1_000_000,
                         help="small files of the scale row, streamed (default 1,000,000; 0: none)")
     parser.add_argument("--jobs", type=str, default=str(os.cpu_count() or 1), help="workers (default: all cores)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of every row, interleaved (default 3)")
     parser.add_argument("--write-tar", type=int, metavar="COUNT", help=argparse.SUPPRESS)  # the scale row's feeder
     args = parser.parse_args()
     if args.write_tar:
