@@ -48,6 +48,11 @@ class RanksRunner(ShardRunner):
         self.sends: list[Any] = []
         self.started_on = [0] * world.size  # shards sent to each rank (its own: rank 0's)
 
+    @property
+    def window(self) -> int:
+        """A job for each worker and one waiting on each rank (the least loaded rank always has room for it)."""
+        return self.slots + self.world.size
+
     def start(self, job: ShardJob) -> None:
         load = {rank: len(held) / self.slots_of[rank] for rank, held in self._held.items()}
         load[0] = self.local.in_flight() / self.local.slots

@@ -222,7 +222,7 @@ def _pack_into(tmp: str, ingest: Ingest, total: int | None, opts: PackOptions, r
 
         def send() -> None:
             nonlocal cut
-            while shards.in_flight() > shards.slots:  # every worker busy and one job waiting: memory stays bounded
+            while shards.in_flight() >= shards.window:  # every worker busy and one job waiting: memory stays bounded
                 collect(0.2)
             n = len(positions)
             positions[n], spooled[n] = ingest.position(), cut.spooled
