@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from fanfs_command import FANFS, fanfs
 from photo_samples import make_photo_set
 from support.archives import gnu_tar, make_dataset
 
+from fanfs.pack.runner import local_runner
 from fanfs.store.format import SHARD_DIR, SHARD_HEADER, read_index
 
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -122,6 +124,20 @@ def test_a_worker_killed_on_another_rank_fails_the_pack_with_one_line(tmp_path):
     assert proc.returncode != 0 and lines and lines[-1].startswith("fanfs: error: rank 1: a worker process failed"), err
     assert "Traceback" not in err and "BAD TERMINATION" not in err  # rank 0 said it; the launcher killed nobody
     _nothing_left(tmp_path, str(src))
+
+
+def test_a_worker_dead_before_the_next_job_is_a_failed_job_not_a_crash():
+    """The race the test above can lose: a worker dies between two waits and the next job meets a broken pool."""
+    with local_runner(1) as runner:
+        runner.pool.submit(os.kill, os.getpid(), 0).result()  # the worker is up
+        for pid in list(runner.pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while not runner.pool._broken and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runner.start(None)  # type: ignore[arg-type] - a broken pool refuses any job before it looks at it
+        with pytest.raises(BrokenProcessPool):
+            runner.finished(1)
 
 
 def test_a_rank_killed_outright_leaves_nothing(tmp_path):

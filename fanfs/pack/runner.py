@@ -64,7 +64,12 @@ class LocalRunner(ShardRunner):
         self._pending: set[cf.Future] = set()
 
     def start(self, job: ShardJob) -> None:
-        self._pending.add(self.pool.submit(_pack_shard, job))
+        try:
+            future = self.pool.submit(_pack_shard, job)
+        except cf.BrokenExecutor as err:  # a worker died since the last wait: say so where failures are
+            future = cf.Future()
+            future.set_exception(err)
+        self._pending.add(future)
 
     def finished(self, timeout: float) -> list[ShardResult]:
         if not self._pending:
