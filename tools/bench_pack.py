@@ -12,7 +12,8 @@ Workloads (under --workdir, a tmpfs by default, so the source's disk is not what
   the count: pack time per file at both sizes, peak memory, and a fresh mount's launch to its first stat.
 
 Every row: seconds (the median of --repeat rounds, every row once a round, so a shared box's load falls on all
-alike), files/s, MB/s of source, the peak resident memory of the whole process tree (sampled every 50 ms; for
+alike), CPU seconds of the whole process tree (which load does not inflate: the fairer figure on a busy box),
+files/s, MB/s of source, the peak resident memory of the whole process tree (sampled every 50 ms; for
 the ratarmount route, ratarmount's too) and the image's size.  Ratios are against fanfs packing the tree.  Goals (issue 27): from a tar >= 0.9x the tree; >= 5x the ratarmount route; 2 ranks >= 1.6x one rank
 transcoding; the scale row <= 1.5x the tenth's time per file and under 1 GB.
 """
@@ -86,7 +87,7 @@ class Case:
     name: str
     cmd: list[str]
     image: Path | None = None
-    runs: list[tuple[float, int]] = field(default_factory=list)
+    runs: list[tuple[float, int, float]] = field(default_factory=list)
     size: float = float("nan")  # bytes of the image it made
 
 
@@ -108,23 +109,26 @@ def run_cases(cases: list[Case], repeat: int) -> None:
             case.runs.append(bl.timed(case.cmd))
             if case.image is not None:
                 case.size = size_of(case.image)
-            print(f"  [{round_ + 1}/{repeat}] {case.name}: {case.runs[-1][0]:.1f} s, peak {human_size(case.runs[-1][1])}",
+            seconds, peak, cpu = case.runs[-1]
+            print(f"  [{round_ + 1}/{repeat}] {case.name}: {seconds:.1f} s, {cpu:.1f} s CPU, peak {human_size(peak)}",
                   flush=True)
     for case in cases:
         if case.image is not None:
             clean(case.image)
 
 
-def show(title: str, cases: list[Case], files: int, source_bytes: int) -> dict[str, float]:
-    """The table (median seconds; ratios against the first case: fanfs from the tree); name -> median seconds."""
-    seconds = {case.name: bl.median([t for t, _ in case.runs]) for case in cases}
+def show(title: str, cases: list[Case], files: int, source_bytes: int) -> dict[str, dict[str, float]]:
+    """The table (medians; ratios against the first case: fanfs from the tree); name -> its row's figures."""
+    seconds = {case.name: bl.median([t for t, _, _ in case.runs]) for case in cases}
     base = seconds[cases[0].name]
-    rows = [[c.name, seconds[c.name], files / seconds[c.name], source_bytes / seconds[c.name] / 1e6,
-             max(m for _, m in c.runs) / 2**20, c.size / 2**20, base / seconds[c.name]]
+    rows = [[c.name, seconds[c.name], bl.median([cpu for _, _, cpu in c.runs]), files / seconds[c.name],
+             source_bytes / seconds[c.name] / 1e6, max(m for _, m, _ in c.runs) / 2**20, c.size / 2**20,
+             base / seconds[c.name]]
             for c in cases]
     print(f"\n{title}: {files:,} files, {human_size(source_bytes)}; medians of {len(cases[0].runs)} interleaved runs")
-    print(bl.table(["what", "seconds", "files/s", "MB/s", "peak MiB", "image MiB", "x tree"], rows))
-    return seconds
+    columns = ["what", "seconds", "CPU s", "files/s", "MB/s", "peak MiB", "image MiB", "x tree"]
+    print(bl.table(columns, rows))
+    return {row[0]: dict(zip(columns[1:], row[1:])) for row in rows}
 
 
 def common_cases(work: Path, tree: Path, tar: Path, jobs: str) -> list[Case]:
@@ -152,7 +156,7 @@ def common_cases(work: Path, tree: Path, tar: Path, jobs: str) -> list[Case]:
     return [Case(c.name, [str(x) for x in c.cmd], c.image) for c in cases]
 
 
-def photo_rows(args: argparse.Namespace, work: Path) -> None:
+def photo_rows(args: argparse.Namespace, work: Path) -> dict[str, dict[str, float]]:
     tree, tar, classes_tar = work / "photos", work / "photos.tar", work / "ILSVRC-like_train.tar"
     print(f"making {args.photos:,} photo JPEGs of ~110 KB", flush=True)
     photo_tree(tree, args.photos)
@@ -172,33 +176,35 @@ def photo_rows(args: argparse.Namespace, work: Path) -> None:
         cases.append(Case("--progressive-jpeg, 2 ranks x 1 worker",
                           [str(MPIEXEC), "-n", "2", *fanfs_pack(tar, store, *transcode)], store))
     run_cases(cases, args.repeat)
-    seconds = show("photos (ImageNet-like JPEGs)", cases, args.photos, tree_bytes(tree))
+    rows = show("photos (ImageNet-like JPEGs)", cases, args.photos, tree_bytes(tree))
+    seconds = {name: row["seconds"] for name, row in rows.items()}
     one = seconds["--progressive-jpeg, 1 rank x 1 worker"]
     for name in ("--progressive-jpeg, 1 rank x 2 workers", "--progressive-jpeg, 2 ranks x 1 worker"):
         if name in seconds:
             print(f"transcoding, {name.split(', ')[1]} vs 1 rank x 1 worker: {one / seconds[name]:.2f}x (goal >= 1.6x)")
 
 
-def small_rows(args: argparse.Namespace, work: Path) -> None:
+def small_rows(args: argparse.Namespace, work: Path) -> dict[str, dict[str, float]]:
     tree, tar = work / "small", work / "small.tar"
     print(f"making {args.small:,} small files", flush=True)
     small_tree(tree, args.small)
     bl.run(["tar", "-cf", tar, "-C", tree, "."])
     cases = common_cases(work, tree, tar, args.jobs)
     run_cases(cases, args.repeat)
-    show("small files", cases, args.small, tree_bytes(tree))
+    rows = show("small files", cases, args.small, tree_bytes(tree))
     shutil.rmtree(tree)
     tar.unlink()
+    return rows
 
 
-def scale_rows(args: argparse.Namespace, work: Path) -> None:
+def scale_rows(args: argparse.Namespace, work: Path) -> dict[str, dict[str, float]]:
     """A tar of COUNT small files streamed into ``fanfs pack -``: time per file at COUNT/10 and COUNT, then a mount."""
     results = []
     for count in (args.scale // 10, args.scale):
         store = work / f"scale{count}"
         print(f"packing {count:,} small files from a tar stream", flush=True)
         feeder = subprocess.Popen([sys.executable, __file__, "--write-tar", str(count)], stdout=subprocess.PIPE)
-        seconds, peak = bl.timed(fanfs_pack("-", store, "--jobs", args.jobs), stdin=feeder.stdout)  # fanfs alone
+        seconds, peak, _ = bl.timed(fanfs_pack("-", store, "--jobs", args.jobs), stdin=feeder.stdout)  # fanfs alone
         feeder.stdout.close()
         if feeder.wait():
             raise RuntimeError("the tar stream's writer failed")
@@ -212,10 +218,11 @@ def scale_rows(args: argparse.Namespace, work: Path) -> None:
                         size_of(store / "index") / 2**20, first_stat])
         clean(store)
     print("\nscale: small files (0.3-3 KB) as a tar on a pipe")
-    print(bl.table(["source", "seconds", "files/s", "us/file", "peak MiB (tree)", "index MiB", "mount->stat s"],
-                   results))
+    columns = ["source", "seconds", "files/s", "us/file", "peak MiB (tree)", "index MiB", "mount->stat s"]
+    print(bl.table(columns, results))
     print(f"per file at {args.scale:,} vs {args.scale // 10:,}: {results[1][3] / results[0][3]:.2f}x (goal <= 1.5x); "
           f"peak {results[1][4]:,.0f} MiB (goal < 1,024)")
+    return {row[0]: dict(zip(columns[1:], row[1:])) for row in results}
 
 
 def main() -> None:
@@ -234,13 +241,11 @@ def main() -> None:
         return
     print(f"load average {bl.load_average()}; {os.cpu_count()} cores; workdir {args.workdir}")
     with bl.temp_dir(args.workdir, "bench-pack-") as work:
-        if args.photos:
-            photo_rows(args, work)
-        if args.small:
-            small_rows(args, work)
-        if args.scale:
-            scale_rows(args, work)
+        results = {"photos": photo_rows(args, work) if args.photos else None,
+                   "small": small_rows(args, work) if args.small else None,
+                   "scale": scale_rows(args, work) if args.scale else None}
     print(f"load average at the end {bl.load_average()}")
+    bl.write_json(args.json, {**results, "load": bl.load_average()})
 
 
 if __name__ == "__main__":

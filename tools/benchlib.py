@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -119,10 +120,12 @@ def tree_rss(root: int) -> int:
     return total
 
 
-def timed(cmd: Sequence[str | os.PathLike], every: float = 0.05, **kwargs: Any) -> tuple[float, int]:
-    """Run ``cmd`` to its end: (seconds, peak resident bytes of its whole process tree, sampled every ``every`` s).
+def timed(cmd: Sequence[str | os.PathLike], every: float = 0.05, **kwargs: Any) -> tuple[float, int, float]:
+    """Run ``cmd`` to its end: (seconds, peak resident bytes of its whole process tree, sampled every ``every`` s,
+    CPU seconds of the tree: user + system of every process it waited for, which a loaded box does not inflate).
     Raises on failure, as :func:`run`."""
     with tempfile.TemporaryFile() as err:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=err, **kwargs)
         peak = 0
@@ -130,11 +133,13 @@ def timed(cmd: Sequence[str | os.PathLike], every: float = 0.05, **kwargs: Any) 
             peak = max(peak, tree_rss(proc.pid))
             time.sleep(every)
         seconds = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         if proc.returncode != 0:
             err.seek(0)
             raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}): "
                                f"{err.read().decode(errors='replace').strip()[-2000:]}")
-    return seconds, peak
+    return seconds, peak, cpu
 
 
 def median(values: Sequence[float]) -> float:

@@ -33,10 +33,17 @@ def _is_store(path: str) -> bool:
             magic = f.read(len(INDEX_MAGIC))
     except OSError:
         return False
-    if magic != INDEX_MAGIC or not names <= {INDEX_NAME, SHARD_DIR, PARTIAL_MARKER, *SAVED_NAMES}:
+    known = {INDEX_NAME, SHARD_DIR, PARTIAL_MARKER, *SAVED_NAMES}
+    if magic != INDEX_MAGIC or not all(n in known or _half_saved(n) for n in names):
         return False
     shards = os.path.join(path, SHARD_DIR)
     return not os.path.exists(shards) or all(n.split(".")[0].isdigit() for n in os.listdir(shards))
+
+
+def _half_saved(name: str) -> bool:
+    """Is ``name`` what a save of a measurement killed midway leaves (``NAME.tmp-PID``, see store.saved)?"""
+    saved, _, pid = name.rpartition(".tmp-")
+    return saved in SAVED_NAMES and pid.isdigit()
 
 
 def _inside(inner: str, outer: str) -> bool:

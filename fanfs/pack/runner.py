@@ -1,8 +1,9 @@
 """Where shard jobs run: this node's worker processes, or (``fanfs.cluster.pack``) every rank of a job.
 
 A pack cuts its files into shard jobs in source order and hands each to a runner as soon as it is cut, keeping
-no more in flight than the runner has ``slots`` for plus one waiting per slot (a job of archive members
-carries their bytes: memory stays bounded by a few shards, whatever the archive).  Which worker packs which
+no more in flight than its ``window``: a job for each worker and one waiting on each node, so no worker idles
+while a finished job's result and the next job cross between ranks (a job of archive members carries their
+bytes: memory stays bounded by a few shards a node, whatever the archive).  Which worker packs which
 shard changes nothing in the store: a shard's contents are fixed when it is cut.
 """
 
@@ -35,9 +36,13 @@ def _pack_shard(job: ShardJob) -> ShardResult:
 
 
 class ShardRunner:
-    """Packs shard jobs somewhere; ``slots``: how many it packs at once."""
+    """Packs shard jobs somewhere; ``slots``: how many it packs at once; ``window``: how many it takes at once."""
 
     slots = 1
+
+    @property
+    def window(self) -> int:
+        return self.slots + 1
 
     def start(self, job: ShardJob) -> None:
         raise NotImplementedError
