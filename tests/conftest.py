@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,30 @@ TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS), str(TESTS.parent / "tools")]
 
 from fanfs_command import fanfs, mounted  # noqa: E402
+
+SLURM_MODULES = {"test_slurm", "test_slurm_pack", "test_time_limit"}
+"""The modules that share the session's Slurm cluster and its time-limited job."""
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (setup.cfg's ``-n 4``) with the Slurm modules as one file: a module runs whole on
+    one worker, so its module-scoped stores are packed once, and the Slurm modules share one worker, one
+    cluster and one time-limited job, which starts first (the longest unit, and its minute must pass)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "slurm" if Path(module).stem in SLURM_MODULES else module
+
+        def _assign_work_unit(self, node) -> None:
+            if "slurm" in self.workqueue:
+                self.workqueue.move_to_end("slurm", last=False)
+            super()._assign_work_unit(node)
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture
@@ -35,10 +60,32 @@ def mount(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def runtime_dir(tmp_path_factory):
+    """Set up before any other session fixture and so torn down after all of them: then nothing of this
+    session (this xdist worker's, under ``-n``) may be left, no mount and no process under its directory."""
     path = tmp_path_factory.mktemp("runtime")
     os.environ["FANFS_RUNTIME_DIR"] = str(path)
     yield path
+    base = f"{tmp_path_factory.getbasetemp()}/"
+    deadline = time.monotonic() + 10  # a daemon may still be on its way out after its unmount
+    while (left := _left_under(base)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     shutil.rmtree(path, ignore_errors=True)
+    assert not left, f"the session left these behind: {left}"
+
+
+def _left_under(base: str) -> list[str]:
+    """Mounts under ``base`` and processes whose command line names a path under it."""
+    with open("/proc/mounts") as f:
+        left = [line.split()[1] for line in f if base in line]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if base in cmd and int(pid) != os.getpid():
+            left.append(f"pid {pid}: {cmd}")
+    return left
 
 
 @pytest.fixture(autouse=True)
