@@ -97,8 +97,13 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     from ..records import Presentation, settings, unresolved
     from ..serve.control import request
     values = presentation_values(args)
+    if not values and args.order is None:
+        raise UsageError("say what to change: " + " and/or ".join(f"{s.option} {s.metavar}" for s in settings())
+                         + " and/or --order FILE")
+    if args.order is not None:
+        _order(args.mountpoint, args.order, args.stream)
     if not values:
-        raise UsageError("say what to change: " + " and/or ".join(f"{s.option} {s.metavar}" for s in settings()))
+        return 0
     if unresolved(values):
         chosen = resolved(request(args.mountpoint, {"cmd": "status"})["store"], values)
         values = {name: chosen[name] for name in values}  # only what was asked: the others stay as they are
@@ -107,6 +112,18 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     print(f"{args.mountpoint}: {shown} for files opened from now on "
           f"({answer['invalidated']:,} cached names invalidated; files already open keep their bytes)")
     return 0
+
+
+def _order(mountpoint: str, path: str, stream: str) -> None:
+    """Give a lazily staged mount the order its readers will read in (``ctl --order``)."""
+    from ..serve.control import request
+    if not os.path.isfile(path):
+        raise UsageError(f"--order {path}: no such file (one path per line, an empty line between epochs)")
+    answer = request(mountpoint, {"cmd": "order", "path": os.path.abspath(path), "stream": stream}, timeout=600)
+    unknown = f"; {answer['unknown']:,} paths left out, not files of the store (e.g. {answer['example_unknown']})" \
+        if answer["unknown"] else ""
+    print(f"{mountpoint}: fetching ahead along {answer['files']:,} files in {answer['epochs']} epoch(s) "
+          f"(stream {answer['stream']}){unknown}")
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
@@ -269,9 +286,15 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("mountpoint", help="the mount point 'fanfs mount' was given")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
 
-    p = command("ctl", cmd_ctl, "change a running mount's presentation settings (files opened afterwards get them)")
+    p = command("ctl", cmd_ctl, "change a running mount's presentation settings (files opened afterwards get them), "
+                "or tell a lazily staged mount the order its readers will read in")
     p.add_argument("mountpoint", help="a running fanfs mount")
     add_presentation_options(p, default=None)
+    p.add_argument("--order", metavar="FILE", help="with --stage lazy: the paths the readers of this node will open, "
+                   "one per line in their order, an empty line between epochs (relative to the mount, or under it); "
+                   "the node then fetches the blobs of the next files ahead of them, from peers or the shared store")
+    p.add_argument("--stream", default="ctl", metavar="NAME", help="with --order: whose order it is (one per reader "
+                   "process of the node that tells its own; a new order of the same name replaces it; default ctl)")
 
     p = command("fidelity", cmd_fidelity, "measure bytes, SSIM/MS-SSIM and decode speed per fidelity K on sampled "
                 "JPEG records")

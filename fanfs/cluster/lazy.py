@@ -44,7 +44,7 @@ class LazyShare(StagedShare):
 
     plan: CachePlan | None = None
     cache: DiskCache | None = None
-    touched: np.ndarray | None = None
+    touched: np.ndarray | None = None  # per blob, the tick of its last read by this node
 
 
 def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placement, rank: int,
@@ -69,7 +69,7 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
                  if dropped else "", human_size(int(plan.footprint[keep].sum())),
                  human_size(int(plan.footprint[placement.held(rank)].sum())))
         _warn_if_short(local_dir, int(plan.footprint[keep].sum()) + plan.window - held, capacity)
-        touched = np.frombuffer(mmap.mmap(-1, max(1, blobs)), np.uint8, blobs)  # shared with the serving processes
+        touched = np.frombuffer(mmap.mmap(-1, max(4, 4 * blobs)), np.uint32, blobs)  # shared with the serving processes
     local = CachedShards(cache, keep, shared, local_dir, memoryview(touched) if touched is not None else None)
     return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, touched)  # type: ignore[arg-type]
 
@@ -101,12 +101,14 @@ def cached_is_local(store_of: Callable[[], Store], cache: DiskCache) -> Callable
     return is_local
 
 
-def lazy_stats(share: LazyShare, counters: dict[str, Any]) -> dict[str, Any]:
-    """For ``fanfs stats``: what the cache may hold and holds, its hits, what it fetched and what was read through."""
+def lazy_stats(share: LazyShare, counters: dict[str, Any], prefetcher: Any = None) -> dict[str, Any]:
+    """For ``fanfs stats``: what the cache may hold and holds, its hits, what it fetched and what was read through;
+    what ``prefetcher`` (:class:`.prefetch.Prefetcher`) fetched ahead."""
     assert share.cache is not None and share.plan is not None
     cache, plan = share.cache, share.plan
     return {"cache": {"capacity": plan.capacity, "window": plan.window,
                       "keeps_bytes": int(plan.footprint[share.local.held].sum()),
                       "held_bytes": cache.held_bytes(), "kept_bytes": cache.held_bytes((KEPT,)),
                       "ahead_bytes": cache.held_bytes((AHEAD, SPENT)), **counters.get("cache", {}),
-                      "read_through_bytes": counters["by_source"].get(share.shared.name, 0)}}
+                      "read_through_bytes": counters["by_source"].get(share.shared.name, 0)},
+            **({"prefetch": prefetcher.stats()} if prefetcher is not None else {})}

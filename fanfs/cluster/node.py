@@ -36,6 +36,7 @@ from ..util.runtime import private_dir
 from .handoff import Handoff
 from .lazy import LazyShare, lazy_stats
 from .nodeview import node_dir, node_store, withdraw
+from .prefetch import follow_orders
 from .placement import Placement, place
 from .serving import NodeOptions, Plan, daemon_main
 from .stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
@@ -121,10 +122,15 @@ def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: M
                           lazy=True, capacity=options.capacity, owner=True)
         share = node.share
         assert isinstance(share, LazyShare)
-        hooks = Hooks(counters=share.local.counters,
+        prefetcher, commands = follow_orders(node.store, share, [], staged, mountpoint)
+        hooks = Hooks(counters=share.local.counters, commands=commands,
                       extra_stats=lambda counters: {**staged_stats(share, counters["by_source"]),
-                                                    **lazy_stats(share, counters)})
-        return start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
+                                                    **lazy_stats(share, counters, prefetcher)},
+                      on_present=lambda presentation: setattr(prefetcher, "presentation", presentation))
+        try:
+            return start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
+        finally:
+            prefetcher.close()
     placement = place(index.blob_stored, 1, 1)
     share = staged_share(store_root, options.local_dir, index, staged, placement.held(0))
     missing = missing_shards(options.local_dir, placement, 0, index, share.staged)

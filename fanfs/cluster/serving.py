@@ -35,6 +35,7 @@ from .peer import PeerClient, listen, peer_host
 from .peerserver import PeerServer
 from .peerwire import NodeKey
 from .lazy import LazyShare, lazy_stats
+from .prefetch import follow_orders
 from .stage import staged_stats
 
 log = logging.getLogger("fanfs")
@@ -147,6 +148,8 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
     stopper = Stopper(mountpoint, (lambda: os.write(wake[1], b"e")) if wake else None)
     server = PeerServer(listener, index, share.local, key, plan.publics, rank, store_id,
                         on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
+    prefetcher, commands = follow_orders(node.store, share, remotes, options.mount.presentation, mountpoint) \
+        if isinstance(share, LazyShare) else (None, {})
 
     def ready() -> None:
         stopper.serving()
@@ -160,7 +163,7 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
         by_source = counters["by_source"]
         requests = counters["remote_requests"]
         return {**staged_stats(share, by_source),
-                **(lazy_stats(share, counters) if isinstance(share, LazyShare) else {}),
+                **(lazy_stats(share, counters, prefetcher) if isinstance(share, LazyShare) else {}),
                 "cluster": {"rank": rank, "nodes": placement.nodes, "replicas": placement.replicas,
                             "peer_address": list(server.address),
                             "local_blobs": int(placement.node_blobs[rank]),
@@ -173,13 +176,16 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
     def counters() -> Counters:  # kept in each serving process
         return {**client.counters(), **(share.local.counters() if isinstance(share, LazyShare) else {})}
 
-    hooks = Hooks(on_ready=ready, serving=server.start, counters=counters, extra_stats=stats)
+    hooks = Hooks(on_ready=ready, serving=server.start, counters=counters, extra_stats=stats, commands=commands,
+                  on_present=prefetcher and (lambda presentation: setattr(prefetcher, "presentation", presentation)))
     try:
         if wake is not None:
-            _serve_without_mount(plan, node, mountpoint, key, server, ready, stats, wake)
+            _serve_without_mount(plan, node, mountpoint, key, server, hooks, wake)
         else:
             start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
     finally:
+        if prefetcher is not None:
+            prefetcher.close()
         stopper.ended()
         client.say_bye()
         server.close()
@@ -187,12 +193,12 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
             os.close(fd)
 
 
-def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeKey, server: PeerServer,
-                         ready: Callable[[], None], stats: Callable[[Counters], dict[str, Any]],
+def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeKey, server: PeerServer, hooks: Hooks,
                          wake: tuple[int, int]) -> None:
     """Serve peers, and publish the node's view in ``directory``, until a stop signal or a peer's BYE (either
     writes to the pipe ``wake``); ``fanfs stats DIRECTORY`` answers meanwhile (with the node's own reads:
-    none, its in-process readers count theirs)."""
+    none, its in-process readers count theirs), and the hooks' commands (a lazily staged node's orders)."""
+    assert hooks.on_ready is not None and hooks.extra_stats is not None
     wake_r, wake_w = wake
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: os.write(wake_w, b"s"))  # a write only: no lock in a handler
@@ -206,12 +212,12 @@ def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeK
     def answer_stats(message: dict[str, Any]) -> dict[str, Any]:
         summed = counters()
         return {"store": store.root, "node_dir": directory, **plan.options.mount.presentation, "workers": 1,
-                "reads_by_process": [summed["reads"]], **summed, **stats(summed)}
+                "reads_by_process": [summed["reads"]], **summed, **hooks.extra_stats(summed)}  # type: ignore[misc]
 
     control = ControlServer(directory, {
         "status": lambda m: {"pid": os.getpid(), "store": store.root, "node": directory,
                              **plan.options.mount.presentation},
-        "stats": answer_stats})
+        "stats": answer_stats, **hooks.commands})
     try:
         server.start()
         control.start()
@@ -223,7 +229,7 @@ def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeK
                                  "peer_timeout": plan.options.peer_timeout})
         log.info("serving %s to peers and to in-process readers through %s (pid %d, no mount)", store.root,
                  directory, os.getpid())
-        ready()
+        hooks.on_ready()
         reason = os.read(wake_r, 1)
         log.info("stopped by %s", "a signal" if reason == b"s" else "the job's end")
     finally:

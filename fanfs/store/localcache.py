@@ -53,6 +53,14 @@ _FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock on 64-bit Linux
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
+TICKS_PER_SECOND = 100
+
+
+def tick() -> int:
+    """Now, in the unit of a blob's read tick (1/100 s, since boot; a uint32 lasts a year)."""
+    return int(time.monotonic() * TICKS_PER_SECOND) & 0xFFFFFFFF
+
+
 def footprints(stored: np.ndarray) -> np.ndarray:
     """Bytes each blob occupies in the cache: its stored size up to whole 4 KiB blocks."""
     return (np.asarray(stored, np.int64) + BLOCK - 1) // BLOCK * BLOCK
@@ -211,6 +219,12 @@ class DiskCache:
             self._states[blob] = state
             return data, True, ""
 
+    def spend(self, blob: int) -> None:
+        """A blob fetched ahead for a read that did not come: it may be dropped now."""
+        with self._locks.hold(blob), self._file_lock(blob, fcntl.F_WRLCK):
+            if self._states[blob] == AHEAD:
+                self._states[blob] = SPENT
+
     def drop(self, blob: int, wait: bool = False) -> bool:
         """Free a blob's slot unless a read holds it (``wait``: wait for it); whether it was dropped."""
         with self._locks.hold(blob):
@@ -295,8 +309,8 @@ class DiskCache:
 class CachedShards(ShardSource):
     """A node's blobs from its :class:`DiskCache`: any blob that is there (kept, or fetched ahead of a read), and the
     blobs it keeps (``keep``, a bool per blob) fetched from ``shared`` at their first read.  Others are NotHeld: a
-    peer or the shared store serves them.  ``touched`` (a byte per blob, shared with the node's prefetcher) is set
-    for every blob asked: how the prefetcher sees where the readers are."""
+    peer or the shared store serves them.  ``touched`` (a uint32 per blob, shared with the node's prefetcher) gets
+    the :func:`tick` of every read of a blob: how the prefetcher sees where the readers are."""
 
     def __init__(self, cache: DiskCache, keep: np.ndarray, shared: ShardSource, name: str,
                  touched: memoryview | None = None) -> None:
@@ -311,7 +325,7 @@ class CachedShards(ShardSource):
 
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
         if self.touched is not None:
-            self.touched[blob] = 1
+            self.touched[blob] = tick()
         data = self.cache.read(blob, length)
         if data is not None:
             self.hits += 1
@@ -334,6 +348,13 @@ class CachedShards(ShardSource):
                 log.warning("cannot keep blob %d in %s: %s; it is read through from %s (%d so far)", blob,
                             self.cache.directory, why, self.shared.name, self.unkept)
         return data
+
+    def read_run(self, first: int, count: int) -> bytes:
+        """Asked first for a run of blobs a read lacks (the store then fetches it from a peer in one round trip): the
+        cache gives blobs one at a time, but notes the read for the prefetcher."""
+        if self.touched is not None:
+            self.touched[first] = tick()
+        raise NotHeld("the cache gives one blob at a time")
 
     def rejected(self, blob: int) -> None:
         """The copy this gave failed the Store's check: drop it, so that the next read fetches it again."""
