@@ -200,7 +200,7 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
         lines.append("per tier   " + "  ".join(f"{names[i] if i < len(names) else f'side {i + 1}'}: {human_size(b)}"
                                             for i, b in enumerate(stats["stored_by_side_layer"]) if b))
     if "cache" in stats:
-        lines += _cache_lines(stats["cache"])
+        lines += _cache_lines(stats["cache"], stats.get("prefetch"))
     elif "staged" in stats:
         staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
         lines.append(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
@@ -224,8 +224,9 @@ CAPACITY_HELP = ("with --stage lazy: local disk this node's cache may take (e.g.
                  "reads the other blobs through from the shared store (default: all it holds)")
 
 
-def _cache_lines(cache: dict) -> list[str]:
-    """``fanfs stats`` of a lazily staged node's cache: what it may hold and holds, hits, fetches, read-throughs."""
+def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
+    """``fanfs stats`` of a lazily staged node's cache: what it may hold and holds, hits, fetches, read-throughs; what
+    it fetched ahead of its readers (``ahead``, once it was given their order)."""
     capacity = f"capacity {human_size(cache['capacity'])}" if cache["capacity"] is not None else "no capacity set"
     lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its share, "
              f"holds {human_size(cache['held_bytes'])} now ({human_size(cache['ahead_bytes'])} of it fetched ahead)",
@@ -234,6 +235,12 @@ def _cache_lines(cache: dict) -> list[str]:
              f"{human_size(cache['read_through_bytes'])} read through"]
     if cache["unkept"]:
         lines.append(f"           {cache['unkept']:,} blobs could not be kept (the local directory was full: see the log)")
+    if ahead is not None:
+        streams = ", ".join(f"{name} at {s['position']:,} of {s['files']:,}" for name, s in ahead["streams"].items())
+        lines.append(f"ahead      {ahead['files']:,} files fetched ahead of the readers ({human_size(ahead['bytes'])}: "
+                     f"{ahead['kept_fills']:,} blobs kept, {ahead['from_peers']:,} from peers, {ahead['from_shared']:,} "
+                     f"from the shared store), {ahead['skipped']:,} read before their turn, {ahead['given_up']:,} "
+                     f"given up; order: {streams}")
     return lines
 
 

@@ -2,7 +2,7 @@
 
 A node keeps the blobs placement gives it: all of them without a capacity.  With one, those that fit, best first:
 the blobs the job's presentation reads before the others, then a record's prefix before its tail (lower layers
-first: every fidelity needs them), then in blob order; :func:`window_bytes` of the capacity is left for blobs
+first: every fidelity needs them), then (:func:`plan_cache`) its own before its replicas, small before large; :func:`window_bytes` of the capacity is left for blobs
 fetched ahead of the readers when their order is known (:mod:`.prefetch`), and the cache's state file counts too.
 It is a pure function of the index, placement, capacity and presentation, so every node knows which holders of
 a blob keep it and asks only those: a blob no holder keeps is read through from the shared store, never through
@@ -15,6 +15,7 @@ a threshold of its own, so the plan is a few numbers per node, not a mask per no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,58 +35,81 @@ def window_bytes(capacity: int | None) -> int:
 
 @dataclass
 class CachePlan:
-    """Which blobs each node keeps: those it holds whose ``priority`` is at most its ``threshold``."""
+    """Which blobs each node keeps: those it holds as their ``k``-th holder (0: the blob's own node, then its
+    replicas) whose ``priority[k]`` is at most the node's ``threshold``."""
 
     placement: Placement
     capacity: int | None
     window: int
-    priority: np.ndarray  # a blob's position in the job's order of worth (0: the first to keep)
+    priority: np.ndarray  # [k, blob]: the blob's position in the job's order of worth as its k-th holder's
     threshold: np.ndarray  # per node: the worst priority it keeps (-1: none; a huge number: all it holds)
     footprint: np.ndarray  # a blob's bytes on disk in a cache
 
     def __post_init__(self) -> None:
-        self._priority = memoryview(self.priority)
         self._threshold = self.threshold.tolist()
+        self._nodes = self.placement.nodes
 
     def keeps(self, node: int, blob: int) -> bool:
-        return self._priority[blob] <= self._threshold[node] and self.placement.holds(node, blob)
+        k = (node - self.placement.primary(blob)) % self._nodes
+        return k < self.placement.replicas and self.priority[k, blob] <= self._threshold[node]
 
     def keeps_run(self, node: int, first: int, count: int) -> bool:
-        return bool(self.placement.holds_range(node, first, count)
-                    and (self.priority[first:first + count] <= self._threshold[node]).all())
+        k = (node - self.placement.primary(first)) % self._nodes
+        return bool(k < self.placement.replicas and self.placement.holds_range(node, first, count)
+                    and (self.priority[k, first:first + count] <= self._threshold[node]).all())
 
     def kept(self, node: int) -> np.ndarray:
         """Whether ``node`` keeps each blob (a bool per blob)."""
-        return self.placement.held(node) & (self.priority <= self._threshold[node])
+        out = np.zeros(self.footprint.size, bool)
+        bounds = self.placement.bounds
+        for k in range(self.placement.replicas):
+            lo, hi = int(bounds[(node - k) % self._nodes]), int(bounds[(node - k) % self._nodes + 1])
+            out[lo:hi] = self.priority[k, lo:hi] <= self._threshold[node]
+        return out
 
     def kept_anywhere(self) -> np.ndarray:
         """Whether some node keeps each blob (the others are read through from the shared store)."""
-        out = np.zeros(self.priority.size, bool)
-        for node in range(self.placement.nodes):
+        out = np.zeros(self.footprint.size, bool)
+        for node in range(self._nodes):
             out |= self.kept(node)
         return out
 
 
-def plan_cache(index: object, placement: Placement, presentation: Presentation, capacity: int | None) -> CachePlan:
+def plan_cache(index: Any, placement: Placement, presentation: Presentation, capacity: int | None) -> CachePlan:
     """The plan for a job's nodes at ``presentation`` (its reads come first), each with ``capacity`` bytes of local
-    disk (None: each keeps all it holds)."""
-    stored = index.blob_stored  # type: ignore[attr-defined]
+    disk (None: each keeps all it holds).
+
+    The order of worth: blobs the presentation reads, then by rank in their record (a prefix before a tail), then a
+    blob's own node before its replicas (a node short of room covers more of the store with what no other node
+    keeps), then small before large (the same bytes serve more reads, and what is left out is the fewest requests
+    to the shared store; a node's cut then wastes no room), then blob order."""
+    stored = index.blob_stored
     footprint = footprints(stored)
-    blobs = stored.size
+    blobs, replicas = stored.size, placement.replicas
     if capacity is None:
-        return CachePlan(placement, None, window_bytes(None), np.zeros(blobs, np.int64),
+        return CachePlan(placement, None, window_bytes(None), np.zeros((replicas, blobs), np.int64),
                          np.full(placement.nodes, np.iinfo(np.int64).max, np.int64), footprint)
-    order = np.lexsort((np.arange(blobs), blob_ranks(index), ~blobs_read(index, presentation)))
-    priority = np.empty(blobs, np.int64)
-    priority[order] = np.arange(blobs)
+    number = np.tile(np.arange(blobs), replicas)
+    k = np.repeat(np.arange(replicas), blobs)
+    order = np.lexsort((number, np.tile(stored, replicas), k, np.tile(blob_ranks(index), replicas),
+                        np.tile(~blobs_read(index, presentation), replicas)))
+    priority = np.empty(replicas * blobs, np.int64)
+    priority[order] = np.arange(priority.size)
+    priority = priority.reshape(replicas, blobs)
     budget = capacity - state_file_bytes(blobs) - window_bytes(capacity)
     threshold = np.full(placement.nodes, -1, np.int64)
+    bounds = placement.bounds
     for node in range(placement.nodes):
-        held = np.flatnonzero(placement.held(node) & (stored > 0))
-        ranked = held[np.argsort(priority[held], kind="stable")]
-        fits = int(np.searchsorted(np.cumsum(footprint[ranked]), budget, side="right"))
+        ranges = [(int(bounds[(node - j) % placement.nodes]), int(bounds[(node - j) % placement.nodes + 1]), j)
+                  for j in range(replicas)]
+        held = np.concatenate([np.arange(lo, hi) for lo, hi, _ in ranges]) if ranges else np.zeros(0, np.int64)
+        worth = np.concatenate([priority[j, lo:hi] for lo, hi, j in ranges]) if ranges else np.zeros(0, np.int64)
+        real = stored[held] > 0
+        held, worth = held[real], worth[real]
+        ranked = np.argsort(worth, kind="stable")
+        fits = int(np.searchsorted(np.cumsum(footprint[held[ranked]]), budget, side="right"))
         if fits:
-            threshold[node] = priority[ranked[fits - 1]]
+            threshold[node] = worth[ranked[fits - 1]]
     return CachePlan(placement, capacity, window_bytes(capacity), priority, threshold, footprint)
 
 

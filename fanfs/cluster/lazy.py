@@ -103,7 +103,7 @@ def cached_is_local(store_of: Callable[[], Store], cache: DiskCache) -> Callable
 
 def lazy_stats(share: LazyShare, counters: dict[str, Any], prefetcher: Any = None) -> dict[str, Any]:
     """For ``fanfs stats``: what the cache may hold and holds, its hits, what it fetched and what was read through;
-    what ``prefetcher`` (:class:`.prefetch.Prefetcher`) fetched ahead."""
+    what ``prefetcher`` (:class:`.prefetch.Prefetcher`) fetched ahead, once it was given an order."""
     assert share.cache is not None and share.plan is not None
     cache, plan = share.cache, share.plan
     return {"cache": {"capacity": plan.capacity, "window": plan.window,
@@ -111,4 +111,4 @@ def lazy_stats(share: LazyShare, counters: dict[str, Any], prefetcher: Any = Non
                       "held_bytes": cache.held_bytes(), "kept_bytes": cache.held_bytes((KEPT,)),
                       "ahead_bytes": cache.held_bytes((AHEAD, SPENT)), **counters.get("cache", {}),
                       "read_through_bytes": counters["by_source"].get(share.shared.name, 0)},
-            **({"prefetch": prefetcher.stats()} if prefetcher is not None else {})}
+            **({"prefetch": prefetcher.stats()} if prefetcher is not None and prefetcher.ordered else {})}

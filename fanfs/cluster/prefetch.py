@@ -90,6 +90,11 @@ class Prefetcher:
         self.counts = {"files": 0, "skipped": 0, "given_up": 0, "kept_fills": 0, "from_peers": 0, "from_shared": 0,
                        "bytes": 0, "dropped": 0, "failed": 0}
 
+    @property
+    def ordered(self) -> bool:
+        """Whether it was given an order (without one, nothing of this runs)."""
+        return bool(self._streams)
+
     def order(self, name: str, entries: np.ndarray) -> None:
         """Follow ``entries`` (files, in the order one reader opens them) as stream ``name`` from now on."""
         with self._wake:

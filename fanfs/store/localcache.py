@@ -209,6 +209,9 @@ class DiskCache:
                 self._set_absent(blob)
                 raise
             try:
+                if FILL_DELAY:  # fault injection: a copy half written when the process is killed
+                    os.pwrite(self._data, data[:length // 2], self._slot[blob])
+                    time.sleep(FILL_DELAY)
                 written = os.pwrite(self._data, data, self._slot[blob])
                 if written != length:
                     raise OSError(errno.ENOSPC, f"short write ({written} of {length} bytes)")
@@ -370,3 +373,7 @@ class CachedShards(ShardSource):
 
     def close(self) -> None:
         self.cache.close()
+
+
+FILL_DELAY = float(os.environ.get("FANFS_DEBUG_FILL_DELAY", "0") or 0)
+"""Fault injection for tests: seconds a fill waits with half of its copy written (a kill then cuts it short)."""
