@@ -25,15 +25,15 @@ log = logging.getLogger("fanfs")
 
 def dataset_paths(dataset: Any) -> Callable[[int], str]:
     """Index -> path for a dataset of files: a sequence of paths, or a dataset that lists its ``(path, target)``
-    pairs in ``samples`` or ``imgs`` (torchvision's ``ImageFolder`` and ``DatasetFolder``)."""
-    for name in ("samples", "imgs"):
+    pairs in ``samples`` or ``imgs`` (torchvision's ``ImageFolder`` and ``DatasetFolder``) or ``items``."""
+    for name in ("samples", "imgs", "items"):
         pairs = getattr(dataset, name, None)
         if isinstance(pairs, Sequence) and pairs and isinstance(pairs[0], tuple):
             return lambda i: os.fspath(pairs[i][0])
     if isinstance(dataset, Sequence) and not isinstance(dataset, (str, bytes)):
         return lambda i: os.fspath(dataset[i])
     raise FanfsError("OrderSampler needs the dataset's paths: a dataset with 'samples' (ImageFolder) or a list of "
-                     "paths, as paths=")
+                     "paths (paths=)")
 
 
 class OrderSampler:
