@@ -70,8 +70,10 @@ def test_readers_on_every_node_race_for_unfetched_blobs_at_every_fidelity(photos
         assert np.array_equal(kept, held), rank  # all it holds, since every node read every file
         assert cache["fills"] == int(kept.sum()) and cache["fill_bytes"] == int(index.blob_stored[kept].sum())
         assert cache["read_through_bytes"] == 0 and cache["unkept"] == 0
-    # each blob was fetched from the shared store once by each of its holders: as staging does, whoever asked first
+    # each holder keeps each blob it holds, whoever asked first; the shared store gave each blob once (to the holder
+    # every reader asks first), the other holder copied it from that one
     assert sum(c["fill_bytes"] for c in stats) == 2 * int(index.blob_stored.sum())
+    assert sum(c["fill_bytes"] - c["peer_fill_bytes"] for c in stats) == int(index.blob_stored.sum())
 
 
 def test_a_daemon_killed_while_it_fetches_for_a_peer(photos, tmp_path):  # noqa: F811

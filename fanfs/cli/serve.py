@@ -231,7 +231,8 @@ def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
     lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its share, "
              f"holds {human_size(cache['held_bytes'])} now ({human_size(cache['ahead_bytes'])} of it fetched ahead)",
              f"           {cache['hit_blobs']:,} blobs read here ({human_size(cache['hit_bytes'])}), {cache['fills']:,} "
-             f"fetched from the shared store and kept ({human_size(cache['fill_bytes'])}), "
+             f"fetched and kept ({human_size(cache['fill_bytes'])}, {cache.get('peer_fills', 0):,} of them copied from "
+             f"a peer that fetched them from the shared store), "
              f"{human_size(cache['read_through_bytes'])} read through"]
     if cache["unkept"]:
         lines.append(f"           {cache['unkept']:,} blobs could not be kept (the local directory was full: see the log)")

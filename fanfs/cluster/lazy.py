@@ -17,20 +17,25 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import FanfsError
 from ..records import Presentation
 from ..store import Store
 from ..store.format import SHARD_DIR
 from ..store.index import Index
 from ..store.localcache import AHEAD, KEPT, SPENT, CachedShards, DiskCache
-from ..store.sources import HeldShards
+from ..store.sources import HeldShards, ShardSource
+from ..util.checksum import checksum
 from ..util.units import human_size
 from .capacity import CachePlan, plan_cache
 from .placement import Placement
 from .stage import StagedShare, make_local_dir
+
+if TYPE_CHECKING:
+    from .peer import PeerClient
 
 log = logging.getLogger("fanfs")
 
@@ -72,6 +77,34 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
         touched = np.frombuffer(mmap.mmap(-1, max(4, 4 * blobs)), np.uint32, blobs)  # shared with the serving processes
     local = CachedShards(cache, keep, shared, local_dir, memoryview(touched) if touched is not None else None)
     return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, touched)  # type: ignore[arg-type]
+
+
+class FirstHolderFirst(ShardSource):
+    """Where a node's cache fetches a blob it keeps: from the blob's first holder that keeps it, in the order every
+    reader asks its holders (:meth:`Placement.in_turn`), when that is a peer (which fetches it from the shared store
+    if it has not yet); from the shared store when it is this node, or the peer fails or gives a bad copy.  So with
+    replicas the shared store is still read once per kept blob per job: the other holders copy it over the nodes'
+    links, which a shared file system's one link is not."""
+
+    def __init__(self, shared: ShardSource, client: "PeerClient", placement: Placement, plan: CachePlan,
+                 checksums: np.ndarray) -> None:
+        self.shared, self.client, self.placement, self.plan = shared, client, placement, plan
+        self._checksum = memoryview(checksums)
+        self.name = shared.name
+        self.fill_counts = {"peer_fills": 0, "peer_fill_bytes": 0}  # in this process: copies a peer gave
+
+    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        holder = next((h for h in self.placement.in_turn(blob) if self.plan.keeps(h, blob)), self.client.rank)
+        if holder != self.client.rank:
+            try:
+                data = self.client.read(holder, blob)
+                if len(data) == length and checksum(data) == self._checksum[blob]:
+                    self.fill_counts["peer_fills"] += 1
+                    self.fill_counts["peer_fill_bytes"] += length
+                    return data
+            except (OSError, FanfsError) as err:
+                log.debug("blob %d from rank %d for this node's cache: %s; from the shared store", blob, holder, err)
+        return self.shared.read(blob, shard, offset, length)
 
 
 def _warn_if_short(local_dir: str, more: int, capacity: int | None) -> None:

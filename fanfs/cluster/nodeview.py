@@ -28,7 +28,7 @@ from ..store.index import Index
 from ..util.files import read_regular
 from ..util.runtime import create_private, private_dir
 from ..util.workers import pid_alive
-from .lazy import cached_is_local, lazy_share
+from .lazy import FirstHolderFirst, cached_is_local, lazy_share
 from .peer import PeerClient, RemoteBlobs, StagedBlobs, remote_sources
 from .peerwire import NodeKey
 from .placement import Placement, place
@@ -66,6 +66,8 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
         share = lazy_share(store_root, local_dir, index, placement, rank, staged, capacity, owner)
         assert share.plan is not None and share.cache is not None
         remotes = remote_sources(client, placement, share.plan, mine=share.local.held) if client else []
+        if client:
+            share.local.shared = FirstHolderFirst(share.shared, client, placement, share.plan, index.blob_checksum)
         is_local = cached_is_local(lambda: store, share.cache)
     else:
         share = staged_share(store_root, local_dir, index, staged, placement.held(rank))

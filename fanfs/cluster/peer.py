@@ -234,7 +234,9 @@ class RemoteBlobs(ShardSource):
 
     One source per choice, so that the store checks each holder's copy on its own and a bad or missing
     copy at one holder falls through to the next, like a bad local copy does.  ``mine`` (a bool per blob): what
-    this node keeps itself, never fetched from a peer a run at a time (this node's cache fetches it).
+    this node keeps itself, never fetched from a peer a run at a time (this node's cache fetches it); given, the
+    job is lazily staged and every reader asks a blob's holders in the same order (:meth:`Placement.in_turn`), so
+    that the first of them fetches it from the shared store once, not each holder it would spread the reads to.
     """
 
     def __init__(self, client: PeerClient, placement: Placement, kept: Kept, choice: int,
@@ -244,10 +246,12 @@ class RemoteBlobs(ShardSource):
         self.kept = kept
         self.choice = choice
         self.mine = mine
+        self.spread = mine is None
         self.name = f"peer#{choice + 1}"
 
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
-        holders = [h for h in self.placement.remote_holders(blob, self.client.rank) if self.kept.keeps(h, blob)]
+        holders = [h for h in self.placement.remote_holders(blob, self.client.rank, self.spread)
+                   if self.kept.keeps(h, blob)]
         if self.choice >= len(holders):
             raise NotHeld(f"blob {blob} has no further holder that keeps it")
         return self.client.read(holders[self.choice], blob)
@@ -259,7 +263,7 @@ class RemoteBlobs(ShardSource):
             raise NotHeld(f"blobs {first}+{count}: this node keeps some of them")
         if self.placement.primary(first) != self.placement.primary(first + count - 1):
             raise NotHeld(f"blobs {first}+{count} lie at the edge of two nodes' ranges")
-        holders = [h for h in self.placement.remote_holders(first, self.client.rank)
+        holders = [h for h in self.placement.remote_holders(first, self.client.rank, self.spread)
                    if self.kept.keeps_run(h, first, count)]
         if self.choice >= len(holders):
             raise NotHeld(f"blobs {first}+{count} have no further holder that keeps them all")

@@ -213,7 +213,7 @@ class Prefetcher:
     def _fetch(self, item: Issued, blobs: list[int], shard: int) -> None:
         """Fetch ``blobs`` of one file (in ``shard``): the node's own into the cache for good, the others into the
         window from a peer that keeps them or from the shared store."""
-        ix, shared = self.store.index, self.share.shared
+        ix, shared, origin = self.store.index, self.share.shared, self.share.local.shared  # origin: of kept blobs
         try:
             got = self._from_peers(item.window, shard)
             for blob in blobs:
@@ -221,7 +221,8 @@ class Prefetcher:
                 data = got.get(blob)
                 source = "kept_fills" if self._keep[blob] else "from_peers" if data is not None else "from_shared"
                 _, fetched, why = self.cache.fill(
-                    blob, lambda: data if data is not None else shared.read(blob, shard, offset, length),
+                    blob, lambda: data if data is not None else (origin if self._keep[blob] else shared).read(
+                        blob, shard, offset, length),
                     KEPT if self._keep[blob] else AHEAD)
                 if fetched and not why:
                     self._count(source, length)

@@ -366,7 +366,8 @@ class CachedShards(ShardSource):
     def counters(self) -> dict[str, dict[str, int]]:
         """This process's figures, which add up over a node's processes (``fanfs stats``)."""
         return {"cache": {"hit_blobs": self.hits, "hit_bytes": self.hit_bytes, "fills": self.fills,
-                          "fill_bytes": self.fill_bytes, "unkept": self.unkept}}
+                          "fill_bytes": self.fill_bytes, "unkept": self.unkept,
+                          **getattr(self.shared, "fill_counts", {})}}  # where the fills came from, if it says
 
     def after_fork(self) -> None:
         self.cache.after_fork()
