@@ -15,7 +15,8 @@ store without a mount through its fsspec file system (``fs.open(path).read()``; 
 fanfs >= squashfuse on every row, fanfs's second pass >= 50% of native, in-process >= 80% of native
 and >= 3x the mount's first pass with N processes.  ``--serving 1,2`` mounts fanfs with one serving loop
 ("fanfs") and with 2 serving processes ("fanfs x2"); the daemons' CPU per file (every process of the
-daemon, user + system) is reported for fanfs and squashfuse alike.
+daemon, user + system) is reported for fanfs and squashfuse alike.  ``--sets large`` (or ``small,large``)
+reads large files instead (HDF5 of 1 MiB, ``.npz`` of 30 and 150 MB, on a disk: tools/bench_large.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+import bench_large
 import benchlib as bl
 
 sys.path.insert(0, str(bl.REPO))  # this checkout's fanfs, as the fanfs commands run it
@@ -181,7 +183,22 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="CHECKOUT",
                         help="also mount with the fanfs of another checkout (e.g. the last release: git worktree add "
                              "/tmp/base v0.2), one serving loop: a before/after in one run, as row 'fanfs@base'")
+    parser.add_argument("--sets", default="small", metavar="small,large",
+                        help="which rows: small (the JPEG tree, default) and/or large (large files on a disk)")
+    parser.add_argument("--large-dir", default="/var/tmp", metavar="DIR",
+                        help="where the large files, their store and image go: a directory on a disk (default /var/tmp)")
+    parser.add_argument("--large-total", type=int, default=300_000_000, metavar="BYTES",
+                        help="bytes of each large dataset (default 300 MB)")
+    parser.add_argument("--large-readers", default="1,4", metavar="N,...", help="reader processes (default 1,4)")
     args = parser.parse_args()
+    sets = args.sets.split(",")
+    if "large" in sets:
+        large_json = args.json if "small" not in sets else args.json and f"{args.json}.large.json"
+        misses = bench_large.run(args, cpu_seconds, large_json)
+        print("\nlarge-file goals (cold: fanfs >= 0.9x native, >= 1.3x squashfuse_ll, daemon CPU per GB <= its): "
+              + ("all met" if not misses else "MISSED:\n  " + "\n  ".join(misses)))
+        if "small" not in sets:
+            return 0
 
     peers = [] if args.no_squashfuse else [b for b in ("squashfuse", "squashfuse_ll") if shutil.which(b)]
     if peers and not shutil.which("mksquashfs"):

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UsageError
+from ..serve.readahead import READAHEAD
 from ..util.server import default_workers
 from ..util.units import human_size
 from .args import count, positive, positive_size, print_json, size
@@ -32,7 +33,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     presentation = known(values) if job else resolved(args.store, values)
     options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,
                            allow_other="allow_other" in args.o, debug=args.debug,
-                           workers=args.workers or default_workers())
+                           workers=args.workers or default_workers(), readahead=args.readahead)
     if args.local_dir is not None:
         from ..cluster.node import mount_node
         from ..cluster.serving import NodeOptions
@@ -186,7 +187,10 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
                  + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
                     if stats["workers"] > 1 else ""))
     lines.append(f"presented  {human_size(stats['bytes_presented'])}{throughput}   read from storage "
-                 f"{human_size(stats['bytes_stored_read'])}")
+                 f"{human_size(stats['bytes_stored_read'])}"
+                 + (f"   in {human_size(stats['bytes_presented'] // stats['reads'])} per read" if stats["reads"] else ""))
+    if stats.get("readahead"):
+        lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files)")
     if "lookups" in stats:  # a mount's requests for names: one per name not seen in a listing first
         lines.append(f"names      {stats['lookups']:,} looked up, {stats['listed']:,} given with their attributes in listings")
     lines.append(f"blobs      {hits + misses:,} read, {hits:,} of them from fanfs's memory cache (--cache-size keeps only "
@@ -268,6 +272,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--workers", type=positive, default=None, metavar="N",
                    help=f"serving processes (default: a quarter of this node's cores, 1 to 8: {default_workers()} "
                         "here); 1 serves from one loop in the daemon itself")
+    p.add_argument("--readahead", type=size, default=human_size(READAHEAD), metavar="SIZE",
+                   help=f"the kernel's readahead in the mount's files (default {human_size(READAHEAD)}: large files are "
+                        "then asked for in 1 MiB requests, not 128 KiB; setting it needs root, else the kernel's "
+                        "stays and the log says how to raise it; 0: leave the kernel's)")
     p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for a peer before asking the next holder (default 5)")
     p.add_argument("--no-mount", action="store_true",

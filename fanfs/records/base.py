@@ -26,6 +26,10 @@ class Cache(Protocol):
     def put(self, key: Any, data: bytes) -> None: ...
 
 
+Span = tuple[bytes, int, int]
+"""``(data, start, length)``: the bytes ``data[start:start + length]``, left unsliced."""
+
+
 class Columns(Protocol):
     """The index columns a kind reads (:class:`fanfs.store.index.Index` has them, one value per entry or blob)."""
 
@@ -49,7 +53,7 @@ class Reader(Protocol):
     chunk_size: int
     cache: Cache
 
-    def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True) -> bytes: ...
+    def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True, stream: bool = False) -> bytes: ...
 
     def read(self, entry: int, offset: int, size: int, view: int = FULL) -> bytes: ...
 
@@ -141,6 +145,12 @@ class RecordKind:
     def read(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> bytes:
         """Bytes ``[offset, offset + size)`` of the file as presented at ``view``."""
         raise NotImplementedError
+
+    def spans(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> list[Span]:
+        """The same bytes as :meth:`read`, as pieces ``data[start:start + length]`` left unsliced, which a kind may
+        give without copying (a FUSE reply is then sent from the pieces themselves)."""
+        data = self.read(reader, entry, view, offset, size)
+        return [(data, 0, len(data))]
 
     def blob_run(self, index: Columns, entry: int, view: int, offset: int, size: int) -> tuple[int, int]:
         """The blobs ``(first, count)`` that reading bytes ``[offset, offset + size)`` at ``view`` asks for one after

@@ -14,7 +14,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ..util.checksum import Digest, checksum
-from .base import Columns, Packed, Reader, RecordKind, expand, read_all, register
+from .base import Columns, Packed, Reader, RecordKind, Span, expand, read_all, register
 
 CHUNK_SIZE = 1 << 20
 
@@ -26,29 +26,47 @@ class PlainFiles(RecordKind):
     label = "plain files"
 
     def read(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> bytes:
+        spans = self.spans(reader, entry, view, offset, size)
+        if len(spans) == 1:
+            data, start, length = spans[0]
+            return data[start:start + length]
+        return b"".join(data[start:start + length] for data, start, length in spans)
+
+    def spans(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> list[Span]:
+        """Each chunk's part of the read as its decoded bytes and where in them, unsliced: the kernel splits a large
+        read into requests that need not match chunks, and a request is then sent from the chunks themselves, each
+        decoded once (one read covers it whole) or kept for the next request (it covers a part)."""
         ix = reader.index
         first, count = int(ix.first[entry]), int(ix.count[entry])
         end = min(offset + size, int(ix.size[entry]))
         if offset >= end:
-            return b""
+            return [(b"", 0, 0)]
         raw = ix.blob_raw
-        if count == 1:
-            whole = offset == 0 and end >= int(raw[first])
-            return reader.blob(entry, first, keep=not whole)[offset:end]
-        chunk = reader.chunk_size
-        parts = []
+        chunk = reader.chunk_size if count > 1 else end
+        spans = []
         pos = offset
         for i in range(pos // chunk, count):  # bounded by the file's blobs, whatever the index says
             if pos >= end:
                 break
             start = pos - i * chunk
-            whole = start == 0 and end - pos >= int(raw[first + i])
-            piece = reader.blob(entry, first + i, keep=not whole)[start:start + end - pos]
-            if not piece:
+            length = min(end - pos, chunk - start)
+            whole = start == 0 and length >= int(raw[first + i])
+            data = reader.blob(entry, first + i, keep=not whole, stream=count > 1)
+            if len(data) < start + length:
                 raise reader.fault(entry, first + i, f"chunk {i} ends before the file's size")
-            parts.append(piece)
-            pos += len(piece)
-        return b"".join(parts)
+            spans.append((data, start, length))
+            pos += length
+        return spans
+
+    def blob_run(self, index: Columns, entry: int, view: int, offset: int, size: int) -> tuple[int, int]:
+        """The chunks that bytes ``[offset, offset + size)`` touch: a request that the kernel did not align with
+        the chunks (most of a large file's) asks a peer for both of its chunks in one round trip."""
+        count, chunk = int(index.count[entry]), int(index.meta["chunk_size"])
+        end = min(offset + size, int(index.size[entry]))
+        if count < 2 or offset >= end:
+            return (0, 0)
+        first = offset // chunk
+        return (int(index.first[entry]) + first, min(count, -(-end // chunk)) - first)
 
     def matches_source(self, reader: Reader, entry: int, source: BinaryIO) -> str | None:
         """Chunk by chunk; a chunk stored as a hole is compared with the source only where the source has data

@@ -27,6 +27,7 @@ from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
 from ..util.workers import pid_alive
 from . import control
+from .readahead import READAHEAD
 
 log = logging.getLogger("fanfs")
 
@@ -43,6 +44,7 @@ class MountOptions:
     allow_other: bool = False
     debug: bool = False
     workers: int = 1  # serving processes (fanfs.serve.workers); 1: one loop in the daemon itself
+    readahead: int = READAHEAD  # the kernel's readahead window asked for (fanfs.serve.readahead); 0: its default
 
 
 @dataclass
@@ -212,7 +214,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     def stats(message: dict[str, Any]) -> dict[str, Any]:
         parts = processes.counters() if processes is not None else [counters()]
         summed = merge_counters(parts)
-        return {"store": store.root, **fs.presentation, "workers": options.workers,
+        return {"store": store.root, **fs.presentation, "workers": options.workers, "readahead": fs.readahead(),
                 "reads_by_process": [part["reads"] for part in parts], **summed,
                 "notes": presentation_notes(store.index, fs.presentation), "side_names": side_names(store.index),
                 "seconds": round(time.monotonic() - started, 3),
@@ -232,14 +234,14 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
     server = control.ControlServer(mountpoint, {
         "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
-                             "workers": options.workers, **fs.presentation},
+                             "workers": options.workers, "readahead": fs.readahead(), **fs.presentation},
         "stats": stats,
         "present": present,
         **hooks.commands,
     })
     try:
         ended_by = serve(store, mountpoint, fs, allow_other=options.allow_other, debug=options.debug,
-                         workers=options.workers, serving=serving, counters=counters)
+                         workers=options.workers, readahead=options.readahead, serving=serving, counters=counters)
         if ended_by > 0:
             log.info("stopped by signal %d (%s)", ended_by, signal.Signals(ended_by).name)
     finally:

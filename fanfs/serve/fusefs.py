@@ -35,6 +35,7 @@ import numpy as np
 from ..records import FULL, Presentation, check_presentation, kinds
 from ..store import Store
 from ..store.format import DIR, FILE
+from ..store.shared import SharedChunks
 from . import lowlevel as ll
 from .workers import ServingProcesses
 
@@ -69,8 +70,7 @@ class Deferred:
             ll.answer(*job)
 
     def _read(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
-        data = self.store.read(entry, offset, size, view)
-        ll.reply_buf(req, data, len(data))
+        ll.reply_spans(req, self.store.spans(entry, offset, size, view))
 
     def close(self) -> None:
         """Let every worker finish the read it holds (a peer's answer or its timeout) before the session
@@ -181,6 +181,10 @@ class FanfsFS:
         self.session = session
         self._on_ready()
 
+    def readahead(self) -> int | None:
+        """The kernel's readahead window in this mount's files, in bytes (None: not known)."""
+        return self.session.readahead if self.session is not None else None
+
     def lookup(self, req: int, parent: int, name: bytes) -> None:
         self.lookups += 1
         parent_entry, _ = self._decode(parent)
@@ -213,8 +217,7 @@ class FanfsFS:
                 self._deferred = Deferred(self.store)
             self._deferred.submit(req, entry, view, size, offset)
             return
-        data = self.store.read(entry, offset, size, view)
-        ll.reply_buf(req, data, len(data))
+        ll.reply_spans(req, self.store.spans(entry, offset, size, view))
 
     def close(self) -> None:
         if self._deferred is not None:
@@ -293,7 +296,7 @@ INVALIDATE_DELAY = float(os.environ.get("FANFS_DEBUG_INVALIDATE_DELAY", "0") or 
 
 
 def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False,
-          workers: int = 1, serving: Callable[[ServingProcesses | None], None] = lambda processes: None,
+          workers: int = 1, readahead: int = 0, serving: Callable[[ServingProcesses | None], None] = lambda processes: None,
           counters: Callable[[], dict] = dict) -> int:
     """Mount and serve until unmounted or signalled; returns 0 or the signal that ended the mount.
 
@@ -305,11 +308,12 @@ def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = Fal
     options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs"]
     if allow_other:
         options.append("allow_other")
-    session = ll.Session(fs, mountpoint, options, debug=debug)
+    session = ll.Session(fs, mountpoint, options, debug=debug, readahead_bytes=readahead)
     try:
         if workers <= 1:
             serving(None)
             return session.loop()
+        store.stream.shared = SharedChunks(store.chunk_size)  # before the fork: each chunk loaded once by them
         processes = ServingProcesses(session, workers, counters, on_exit=fs.close)
         return processes.run(lambda: serving(processes))
     finally:

@@ -30,8 +30,9 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..errors import FanfsError
+from . import readahead
 from .structs import (  # noqa: F401  (re-exported: the front builds its replies from them)
-    ATTR_OFFSET, CAP_READDIRPLUS_AUTO, CONN_WANT, INIT, INO, INO_FI, LOOKUP, READ, Args, EntryParam, FuseBuf, LowLevelOps,
+    ATTR_OFFSET, CAP_READDIRPLUS_AUTO, CONN_MAX_READAHEAD, CONN_WANT, INIT, INO, INO_FI, LOOKUP, READ, Args, EntryParam, FuseBuf, LowLevelOps,
     Stat, StatVfs, c_ino, c_req, pack_stat, set_entry_ino,
 )
 
@@ -105,6 +106,34 @@ _libc = ctypes.CDLL(None)
 _libc.free.argtypes, _libc.free.restype = [_vp], None
 reply_err = _lib.fuse_reply_err
 reply_buf = _lib.fuse_reply_buf
+_reply_at = ctypes.CFUNCTYPE(ctypes.c_int, c_req, _vp, ctypes.c_size_t)(("fuse_reply_buf", _lib))
+
+
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", _vp), ("len", ctypes.c_size_t)]
+
+
+_reply_iov = ctypes.CFUNCTYPE(ctypes.c_int, c_req, ctypes.POINTER(IoVec), ctypes.c_int)(("fuse_reply_iov", _lib))
+_BYTES_DATA = bytes.__basicsize__ - 1
+"""Where a bytes object's data begins, from its address (CPython's layout: ``ob_sval`` ends the fixed part)."""
+if ctypes.string_at(id(_probe := b"fanfs") + _BYTES_DATA, 5) != _probe:
+    raise ImportError("fanfs's FUSE binding needs CPython's bytes layout")
+
+
+def reply_spans(req: int, spans: Sequence[tuple[bytes, int, int]]) -> None:
+    """Reply with the pieces ``data[start:start + length]`` straight from their memory, not from sliced or joined
+    copies: the kernel's copy into the file's pages is the only one (a piece that is not bytes is copied)."""
+    if len(spans) == 1:
+        data, start, length = spans[0]
+        if type(data) is bytes:
+            _reply_at(req, id(data) + _BYTES_DATA + start, length)
+            return
+    if any(type(data) is not bytes for data, _, _ in spans):
+        joined = b"".join(bytes(memoryview(data)[start:start + length]) for data, start, length in spans)
+        reply_buf(req, joined, len(joined))
+        return
+    iov = (IoVec * len(spans))(*((id(data) + _BYTES_DATA + start, length) for data, start, length in spans))
+    _reply_iov(req, iov, len(spans))
 
 
 def answer(req: int, handler: Callable[..., None], *args: object) -> None:
@@ -138,9 +167,14 @@ class Session:
     Any exception escaping a callback is answered with EIO and logged, so a request never goes unanswered.
     """
 
-    def __init__(self, fs: FileSystem, mountpoint: str, options: Sequence[str], *, debug: bool = False) -> None:
+    def __init__(self, fs: FileSystem, mountpoint: str, options: Sequence[str], *, debug: bool = False,
+                 readahead_bytes: int = 0) -> None:
+        """``readahead_bytes``: the kernel's readahead window asked for in this mount's files (0: its default;
+        :mod:`.readahead`); ``self.readahead`` is the window in force once INIT is answered."""
         self.fs = fs
         self.mountpoint = mountpoint
+        self.readahead_bytes = readahead_bytes
+        self.readahead: int | None = None
         argv = [b"fanfs", b"-o", ",".join(options).encode()] + ([b"-d"] if debug else [])
         self._argv = (ctypes.c_char_p * len(argv))(*argv)
         self._args = Args(len(argv), self._argv, 0)
@@ -176,6 +210,11 @@ class Session:
         # every listing page plus, not only the first (``struct fuse_conn_info``: want is its 7th unsigned int)
         want = ctypes.c_uint.from_address(conn + CONN_WANT)
         want.value &= ~CAP_READDIRPLUS_AUTO
+        # The kernel takes the smaller of the device's readahead and this reply's: so ours is never the smaller
+        limit = ctypes.c_uint.from_address(conn + CONN_MAX_READAHEAD)
+        limit.value = max(limit.value, self.readahead_bytes)
+        self.readahead = (readahead.raise_to(self.mountpoint, self.readahead_bytes) if self.readahead_bytes
+                          else readahead.current(self.mountpoint))
         self._ready = True
         try:
             self.fs.ready(self)

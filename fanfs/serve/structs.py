@@ -104,5 +104,7 @@ class FuseBuf(ctypes.Structure):
                 ("pos", ctypes.c_int64), ("_spare", ctypes.c_byte * 64)]
 
 
+# struct fuse_conn_info: proto_major, proto_minor, max_write, max_read, max_readahead, capable, want, ... (unsigned ints)
+CONN_MAX_READAHEAD = 4 * ctypes.sizeof(ctypes.c_uint)
 CONN_WANT = 6 * ctypes.sizeof(ctypes.c_uint)
 CAP_READDIRPLUS_AUTO = 1 << 14

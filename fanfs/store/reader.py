@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from ..codecs import Codec, CodecError, codec_from_config
 from ..errors import DataError, FanfsError, NotHeld, StoreError
 from ..records import FULL, SIDE_LAYER, SIDE_LAYERS, Presentation, RecordKind, kind_table
+from ..records.base import Span
 from ..util.files import open_regular
 from .cache import BlobCache
 from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, SHARD_HEADER, check_shard_header, checksum, shard_name
 from .index import Index
+from .stream import StreamChunks
 from .sources import LocalShards, ShardSource
 
 log = logging.getLogger("fanfs")
@@ -85,6 +87,7 @@ class Store:
         if check_shards:
             self.check_shards()
         self.cache = BlobCache(cache_size)
+        self.stream = StreamChunks()
         self.stats = Stats()
         self._kinds: list[RecordKind] = kind_table()  # type: ignore[assignment]  (validated: every id is known)
         ix = self.index
@@ -237,18 +240,31 @@ class Store:
         shard = shard_name(self._shard[entry])
         return f"{os.fsdecode(self.index.path(entry))} (shard {shard}, blob {blob} at {self._offset[blob]})"
 
-    def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True) -> bytes:
+    def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True, stream: bool = False) -> bytes:
         """Decoded bytes of one blob, through the cache.
 
         ``keep=False`` for a blob that one read covers whole: the kernel's page cache holds those bytes
         already, and keeping them here would cost memory and fresh-page faults on every read (measured:
-        a cold 110 KB read took 110 us of CPU with a 1 GiB cache, 34 us without).
+        a cold 110 KB read took 110 us of CPU with a 1 GiB cache, 34 us without).  ``stream=True`` for a chunk
+        of a large file: kept, if at all, only among the last few (``stream.STREAM_CACHE``), whose memory the next
+        ones reuse, each loaded once by the threads and serving processes that want it (:mod:`.stream`).
         """
-        data = self.cache.get(blob)
+        cache = self.stream.cache if stream else self.cache
+        data = cache.get(blob)
         if data is not None:
             self.stats.cache_hits += 1
             return data
+        if stream:
+            share = self._stored[blob] not in (0, self._raw[blob])  # a chunk to decode: see fanfs.store.shared
+            return self.stream.load(blob, keep, lambda: self._load(entry, blob, layer), self.stats, share)
         self.stats.cache_misses += 1
+        data = self._load(entry, blob, layer)
+        if keep:
+            cache.put(blob, data)
+        return data
+
+    def _load(self, entry: int, blob: int, layer: int) -> bytes:
+        """A blob's bytes from its sources, verified and decoded (no cache)."""
         raw_size = self._raw[blob]
         stored_size = self._stored[blob]
         if stored_size == 0:
@@ -265,12 +281,19 @@ class Store:
             if len(data) != raw_size:
                 raise self.fault(entry, blob, f"decoded {len(data)} bytes, expected {raw_size}")
             self.stats.decode_seconds += time.perf_counter() - started
-        if keep:
-            self.cache.put(blob, data)
         return data
 
     def read(self, entry: int, offset: int, size: int, view: int = FULL) -> bytes:
         """Bytes ``[offset, offset+size)`` of a file as presented at ``view``."""
+        spans = self.spans(entry, offset, size, view)
+        if len(spans) == 1:
+            data, start, length = spans[0]
+            return data[start:start + length]
+        return b"".join(data[start:start + length] for data, start, length in spans)
+
+    def spans(self, entry: int, offset: int, size: int, view: int = FULL) -> list[Span]:
+        """The same bytes as :meth:`read`, as pieces ``data[start:start + length]`` left unsliced: a FUSE reply is
+        sent from the pieces themselves, so a request that the kernel cut from a large read costs no copy."""
         self.stats.reads += 1
         kind = self._kinds[self._record[entry]]
         if self._runs and not self.is_local(entry, view):
@@ -278,12 +301,13 @@ class Store:
             if count > 1:
                 self._ahead.blobs = self._fetch_run(first, count)
         try:
-            data = kind.read(self, entry, view, offset, size)
+            spans = kind.spans(self, entry, view, offset, size)
         finally:
             if self._runs:
                 self._ahead.blobs = None
-        self.stats.bytes_presented += len(data)
-        return data
+        for span in spans:
+            self.stats.bytes_presented += span[2]
+        return spans
 
     def read_file(self, path: str | bytes, view: int = FULL) -> bytes:
         """Whole file by path (convenience for tools and tests)."""
@@ -296,6 +320,7 @@ class Store:
         """In a forked child (a DataLoader worker of a process that opened the store): renew the locks another
         thread may have held at the fork, in the cache and the sources.  Runs by itself (``os.register_at_fork``)."""
         self.cache.after_fork()
+        self.stream.after_fork()
         for source in self.sources:
             source.after_fork()
 

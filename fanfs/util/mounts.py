@@ -12,13 +12,31 @@ import shutil
 import subprocess
 
 
+_ESCAPED = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline, backslash as \ooo
+
+
 def mounted(path: str | os.PathLike) -> bool:
     """Whether something is mounted at ``path``, read from /proc/self/mountinfo: also a FUSE mount whose
     daemon was killed, which answers ENOTCONN to the lstat that os.path.ismount relies on."""
-    target = os.fsencode(os.path.realpath(path))
-    unescape = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline, backslash as \ooo
+    return _device_at(os.fsencode(os.path.realpath(path))) is not None
+
+
+def mount_device(mountpoint: str) -> str | None:
+    """The device (``MAJOR:MINOR``) of the mount on top at ``mountpoint``, from /proc/self/mountinfo; None if
+    nothing is mounted there.  The mount point itself is never looked at (only its parent is resolved): a FUSE
+    daemon asks this of its own mount while it answers INIT, when a look would wait on itself."""
+    parent, name = os.path.split(os.path.abspath(mountpoint))
+    return _device_at(os.fsencode(os.path.join(os.path.realpath(parent), name)))
+
+
+def _device_at(target: bytes) -> str | None:
+    device = None
     with open("/proc/self/mountinfo", "rb") as f:
-        return any(unescape.sub(lambda m: bytes([int(m.group(1), 8)]), line.split(b" ")[4]) == target for line in f)
+        for line in f:
+            fields = line.split(b" ")
+            if _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8)]), fields[4]) == target:
+                device = fields[2].decode()  # the last line for a path is the mount on top
+    return device
 
 
 def unmount(mountpoint: str | os.PathLike, lazy: bool = False) -> subprocess.CompletedProcess:

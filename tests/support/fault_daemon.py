@@ -28,7 +28,7 @@ store_root, mountpoint, mode = sys.argv[1:4]
 setup_logging(debug=False)
 store = Store(store_root, is_local=None if mode == "raise-base" else lambda entry, view: False)
 fs = fusefs.FanfsFS(store, Presentation(), lambda: say("ready"))
-real_reply = ll.reply_buf
+real_reply = ll.reply_spans
 
 if mode == "raise-base":
     real_lookup = fs.lookup
@@ -42,23 +42,23 @@ if mode == "raise-base":
 elif mode == "reply-fails":
     failed = []
 
-    def reply_buf(req, data, size):
+    def reply_spans(req, spans):
         if not failed:
             failed.append(1)
             raise ctypes.ArgumentError("injected: the reply could not be sent")
-        return real_reply(req, data, size)
+        return real_reply(req, spans)
 
-    ll.reply_buf = reply_buf
+    ll.reply_spans = reply_spans
 elif mode == "slow-peer":
-    real_read = store.read
+    real_spans = store.spans
 
-    def slow_read(*args):
+    def slow_spans(*args):
         time.sleep(1.5)
-        return real_read(*args)
+        return real_spans(*args)
 
-    def reply_buf(req, data, size):
+    def reply_spans(req, spans):
         say("reply")
-        return real_reply(req, data, size)
+        return real_reply(req, spans)
 
     real_close = ll.Session.close
 
@@ -66,7 +66,7 @@ elif mode == "slow-peer":
         say("destroyed")
         real_close(session)
 
-    store.read = slow_read
-    ll.reply_buf = reply_buf
+    store.spans = slow_spans
+    ll.reply_spans = reply_spans
     ll.Session.close = close
 sys.exit(fusefs.serve(store, mountpoint, fs))
