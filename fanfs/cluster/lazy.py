@@ -3,8 +3,9 @@
 Nothing is copied before the mount serves.  A node's first read of a blob it keeps (:mod:`.capacity`: those
 placement gives it, within its ``--capacity``) copies the blob from the shared store into the node's cache
 (:class:`fanfs.store.localcache.DiskCache`), checked; later reads are local, and a peer that asks for such a blob
-before the node has read it gets it fetched then.  So the shared file system is read once per kept blob per job,
-as with staging, but nobody waits for a copy of the whole dataset.  A blob no node keeps is read through from the
+before the node has read it gets it fetched then; another holder copies it from the first (:class:`FirstHolderFirst`).
+So the shared file system is read once per kept blob per job, replicas or not, and nobody waits for a copy of the
+whole dataset.  A blob no node keeps is read through from the
 shared store each time; the cache stays within the capacity.  A crash or a second mount resumes from what the
 cache holds (:meth:`~fanfs.store.localcache.DiskCache.recover`).
 """
