@@ -26,6 +26,7 @@ from fanfs.records.floats.values import find_values
 from fanfs.records.floats import FloatRecords
 from fanfs.store import FULL, Store
 from fanfs.store.format import INDEX_NAME, read_index, write_index
+from fanfs.util.source_file import OpenFile
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def floats(tmp_path_factory):
 
 def _value_map(path: Path):
     with open(path, "rb") as f:
-        found = find_values(f.fileno(), os.fstat(f.fileno()).st_size, f.read(4096))
+        found = find_values(OpenFile(f.fileno()), f.read(4096))
     assert not isinstance(found, str), (path, found)
     return found
 
@@ -324,5 +325,5 @@ def test_too_many_value_runs_keep_a_file_plain(tmp_path):
     path = tmp_path / "split.safetensors"
     path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(offset))
     with open(path, "rb") as f:
-        found = find_values(f.fileno(), os.fstat(f.fileno()).st_size, f.read(4096))
+        found = find_values(OpenFile(f.fileno()), f.read(4096))
     assert found == "65,537 separate runs of float values, more than 65,536"

@@ -29,7 +29,7 @@ from fanfs.store import Store
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="module", params=["format1", "format2", "format2-elf", "format3"])
+@pytest.fixture(scope="module", params=["format1", "format2", "format2-elf", "format3", "format4"])
 def fixture(request):
     base = FIXTURES / request.param
     return base / "store", json.loads((base / "manifest.json").read_text()), base / "originals"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import signal
 import subprocess
 import sys
 import time
@@ -102,24 +103,45 @@ def _pack_processes(src: Path) -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def test_killed_pack_leaves_only_a_marked_partial_that_the_next_pack_removes(tmp_path):
+def _start_and_kill(tmp_path: Path, kill_keeper_first: bool) -> tuple[Path, Path, subprocess.Popen]:
+    """Start a pack that takes a while, wait for its first shard, SIGKILL it (and first its keeper, if asked)."""
     src = tmp_path / "src"
     src.mkdir()
     for i in range(30):
         (src / f"f{i}").write_bytes(os.urandom(2 << 20))
     store = tmp_path / "store"
-    proc = subprocess.Popen([sys.executable, "-m", "fanfs", "pack", src, store, "--codec", "zstd:19", "-q"])
+    proc = subprocess.Popen([sys.executable, "-m", "fanfs", "pack", src, store, "--codec", "zstd:19", "-q"],
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob("store.partial-*/shards/*")) and time.monotonic() < deadline:
         time.sleep(0.02)
     workers = _pack_processes(src)
     assert len(workers) >= 2, workers  # the parent and its workers
+    if kill_keeper_first:  # as a batch system killing the job's whole process tree would
+        keeper = subprocess.run(["pgrep", "-f", f"janitor.py {proc.pid}"], capture_output=True, text=True)
+        assert keeper.stdout.split(), "no keeper process"
+        for pid in keeper.stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
     proc.kill()  # as the OOM killer or a Slurm time limit would
-    proc.wait()
     deadline = time.monotonic() + 10
     while _pack_processes(src) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _pack_processes(src), "pack workers outlived their killed parent"
+    return src, store, proc
+
+
+def test_killed_pack_leaves_nothing(tmp_path):
+    """Issue 27: SIGKILL (OOM, a time limit, mpiexec killing a job whose rank died): the keeper removes the partial
+    store and says so in one line; nothing is left."""
+    src, store, proc = _start_and_kill(tmp_path, kill_keeper_first=False)
+    err = proc.communicate(timeout=30)[1]  # stderr closes once the keeper, which shares it, is done
+    assert err.strip().splitlines()[-1].startswith(f"fanfs: error: the pack (process {proc.pid}) was killed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_killed_pack_and_keeper_leave_a_marked_partial_that_the_next_pack_removes(tmp_path):
+    src, store, proc = _start_and_kill(tmp_path, kill_keeper_first=True)
+    proc.communicate(timeout=30)
     partial = list(tmp_path.glob("store.partial-*"))
     assert len(partial) == 1 and (partial[0] / PARTIAL_MARKER).exists()
     fanfs("pack", src, store, "--codec", "lz4", "--quiet")

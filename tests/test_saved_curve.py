@@ -164,6 +164,7 @@ def test_a_store_with_a_saved_curve_is_still_a_store(saved, tmp_path):
     assert "fidelity   curve saved with the store (12 sampled images; auto:0.95 -> " in fanfs("info", copy).stdout
     staged = fanfs("stage", copy, tmp_path / "local", "--fidelity", "auto:0.95", "--quiet")
     assert "fanfs: error" not in staged.stderr and (tmp_path / "local").is_dir()
+    (copy / f"{CURVE}.tmp-999999").write_bytes(b'{"format": 1, "sto')  # what a save killed midway leaves
     fanfs("pack", store.parent / "src", copy, "--force", "--quiet")  # refused before: "not a fanfs store"
-    assert not (copy / CURVE).exists()  # a new store: the old index's curve went with it
+    assert not (copy / CURVE).exists() and not (copy / f"{CURVE}.tmp-999999").exists()  # a new store: the old index's curve went with it
     assert saved_curve(Store(str(copy), check_shards=False)) is None

@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -95,6 +96,50 @@ def proc_memory(pid: int) -> dict[str, int]:
             if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
                 out[key] = int(value.split()[0]) * 1024
     return out
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and every process below it, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo += children.get(pid, [])
+    return total
+
+
+def timed(cmd: Sequence[str | os.PathLike], every: float = 0.05, **kwargs: Any) -> tuple[float, int, float]:
+    """Run ``cmd`` to its end: (seconds, peak resident bytes of its whole process tree, sampled every ``every`` s,
+    CPU seconds of the tree: user + system of every process it waited for, which a loaded box does not inflate).
+    Raises on failure, as :func:`run`."""
+    with tempfile.TemporaryFile() as err:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=err, **kwargs)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(proc.pid))
+            time.sleep(every)
+        seconds = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}): "
+                               f"{err.read().decode(errors='replace').strip()[-2000:]}")
+    return seconds, peak, cpu
 
 
 def median(values: Sequence[float]) -> float:

@@ -45,6 +45,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def nonnegative_float(text: str) -> float:
+    """A finite number, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number, 0 or more, got {text!r}")
+    return value
+
+
 def positive_size(text: str) -> int:
     value = size(text)
     if value < 1:

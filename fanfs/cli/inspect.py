@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..util.units import human_size
-from .args import positive, positive_size, print_json
+from .args import nonnegative_float, positive, positive_size, print_json
 from .presentation import add_presentation_options, note_to_stderr, presentation_values
 
 if TYPE_CHECKING:
@@ -18,14 +18,16 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from ..ingest.compare import against_sources
     from ..store.verify import verify
     from ..util.server import keep_large_buffers
     keep_large_buffers()  # every chunk read and compared reuses heap pages, not a fresh mmap faulted in anew
-    report = verify(args.store, args.against, progress=not args.quiet,
+    against = against_sources(args.against, max_expansion=args.max_expansion) if args.against else None
+    report = verify(args.store, against, progress=not args.quiet,
                     on_problem=lambda text: print(f"fanfs: {text}", file=sys.stderr))
     what = f"{report.shards:,} shards, {report.files:,} files ({human_size(report.bytes)})"
     if args.against:
-        what += f", compared with {args.against}"
+        what += f", compared with {', '.join(args.against)}"
     if report.ok:
         print(f"ok: {what}")
         for note in report.notes:
@@ -113,7 +115,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     p = command("verify", cmd_verify, "re-check every checksum of a store (and with --against, every byte)")
     p.add_argument("store", help="the store directory")
-    p.add_argument("--against", metavar="SRC", help="also compare with the source tree")
+    p.add_argument("--against", metavar="SRC", nargs="+",
+                   help="also compare every entry and byte with the sources it was packed from (directories, "
+                        "archives, - for a tar on standard input), read as pack read them (archives inside expanded "
+                        "if the store's were)")
+    p.add_argument("--max-expansion", type=nonnegative_float, default=1000.0, metavar="RATIO",
+                   help="as pack's: refuse an archive whose members hold more than RATIO times its bytes (0: no limit)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     p = command("info", cmd_info, "what a store holds: files, bytes, ratio per codec, shards")

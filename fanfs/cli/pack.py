@@ -10,7 +10,7 @@ from collections.abc import Callable
 from ..util.server import default_workers
 from ..util.units import human_rate, human_size
 from ..records import kinds
-from .args import positive, positive_size, print_json, seconds, size
+from .args import nonnegative_float, positive, positive_size, print_json, seconds, size
 from .presentation import adder
 
 Command = Callable[[argparse.Namespace], int]
@@ -20,14 +20,28 @@ def cmd_pack(args: argparse.Namespace) -> int:
     from ..codecs import parse_codec
     from ..pack.pack import PackOptions, pack
     from ..records import pack_kinds
-    options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=args.jobs,
-                          force=args.force, progress=not args.quiet)
+    from ..cluster.world import launched_ranks, local_ranks
+    from ..util.server import keep_large_buffers
+    keep_large_buffers()  # shards of members' bytes, and their copies, reuse heap pages (workers inherit it)
+    ranks = launched_ranks()[1]
+    jobs = args.jobs or max(1, len(os.sched_getaffinity(0)) // (local_ranks() if ranks > 1 else 1))
+    options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=jobs,
+                          force=args.force, progress=not args.quiet, expand_archives=args.expand_archives,
+                          max_expansion=args.max_expansion)
     if args.plan:
         from ..pack.plan import Plan
         options.plan = Plan.load(args.plan)
     options.kinds = pack_kinds(vars(args), options.plan.records() if options.plan else {})
-    report = pack(args.src, args.store, options, on_warning=lambda text: print(f"fanfs: warning: {text}",
-                                                                                file=sys.stderr))
+    def warn(text: str) -> None:
+        print(f"fanfs: warning: {text}", file=sys.stderr)
+
+    if ranks > 1:  # under mpiexec or srun: every rank packs shards, rank 0 reads the sources and reports
+        from ..cluster.pack import pack_on_ranks
+        report = pack_on_ranks(args.src, args.store, options, warn)
+        if report is None:
+            return 0
+    else:
+        report = pack(args.src, args.store, options, on_warning=warn)
     for kind in options.kinds:
         for note in kind.pack_notes():
             print(f"fanfs: note: {note}", file=sys.stderr)
@@ -43,8 +57,14 @@ def cmd_pack(args: argparse.Namespace) -> int:
             print(f"  kept as is: {path}: {reason}")
         if len(kept) > 20:
             print(f"  ... and {len(kept) - 20} more")
+    if report.shards_by_rank:
+        print(f"shards packed by {len(report.shards_by_rank)} ranks: "
+              + ", ".join(f"rank {rank} {n:,}" for rank, n in enumerate(report.shards_by_rank)))
+    if report.hard_links:
+        print(f"{report.hard_links:,} hard link{'s' * (report.hard_links != 1)} stored once, as the file they name")
     if report.skipped:
-        print(f"skipped {len(report.skipped)} special files (FIFOs, sockets, devices)")
+        print(f"skipped {report.skipped:,} entries (special files, links pointing out of an archive): see the "
+              "warnings")
     return 0
 
 
@@ -84,18 +104,31 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
-    p = command("pack", cmd_pack, "pack a directory tree into a new store (compressed shards + index)")
-    p.add_argument("src", help="directory to pack")
-    p.add_argument("store", help="store directory to create (must not exist, or be empty; --force replaces a store)")
+    p = command("pack", cmd_pack, "pack directory trees and archives into a new store (compressed shards + index)")
+    p.add_argument("src", nargs="+", metavar="SRC",
+                   help="what to pack: a directory, an archive (tar, tar.gz/.bz2/.xz/.zst, zip: told by its bytes, "
+                        "read once, never extracted to disk) or - (a tar stream on standard input); several merge "
+                        "into one tree (a name in two of them is an error)")
+    p.add_argument("store", metavar="STORE",
+                   help="store directory to create (must not exist, or be empty; --force replaces a store)")
     p.add_argument("--codec", default="zstd:3", help="zstd:LEVEL (1-22), lz4, lz4:LEVEL (1-12) or raw (default zstd:3)")
     p.add_argument("--shard-size", type=positive_size, default="256M",
                    help="source bytes per shard at most (default 256M; a small tree is cut finer so that every "
                         "worker has shards to pack)")
-    p.add_argument("--jobs", "-j", type=positive, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    p.add_argument("--jobs", "-j", type=positive,
+                   help="worker processes (default: every core this process may use; under mpiexec or srun, shared "
+                        "among the ranks of the node: each rank packs shards, rank 0 reads the sources)")
     p.add_argument("--force", action="store_true",
                    help="replace STORE if it is a fanfs store (never anything else: not a tree holding SRC, "
                         "not a directory of other files)")
     p.add_argument("--plan", metavar="FILE", help="per-class codecs chosen by fanfs select -o FILE (overrides --codec)")
+    p.add_argument("--expand-archives", action="store_true",
+                   help="an archive inside a source (a member or file named .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz, "
+                        ".tar.zst or .zip) becomes a directory of its members, named without the suffix, recursively: "
+                        "ImageNet's ILSVRC2012_img_train.tar packs as n01440764/n01440764_10026.JPEG ...")
+    p.add_argument("--max-expansion", type=nonnegative_float, default=1000.0, metavar="RATIO",
+                   help="refuse an archive whose members hold more than RATIO times its bytes (a decompression "
+                        "bomb; default 1000, 0: no limit)")
     for kind in kinds().values():
         kind.pack_options(adder(p.add_argument_group(f"{kind.label}")))
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")

@@ -17,7 +17,6 @@ import errno
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +38,6 @@ from .world import World
 
 STAGED_NAME = ".staged"  # in a staged directory: the store and the presentation it holds
 PROGRESS_SECONDS = 0.25
-LINE_SECONDS = 5.0
 _PROGRESS_TAG = 7
 
 
@@ -85,7 +83,7 @@ class StageReport:
 class JobProgress:
     """One display for the job on rank 0; other ranks send it their byte counts (a few times a second).
 
-    A bar on a terminal; under mpiexec/srun, whose output is a pipe, a line every few seconds instead.
+    A bar on a terminal; under mpiexec/srun, whose output is a pipe, progress lines instead (:mod:`fanfs.util.progress`).
     """
 
     def __init__(self, world: World, total: int, enabled: bool) -> None:
@@ -97,8 +95,6 @@ class JobProgress:
         self._last = 0.0
         self.bar = Progress(total, "stage", enabled=enabled, unit="B") if world.rank == 0 else None
         self.total = total
-        self._lines = enabled and world.size > 1 and world.rank == 0 and not sys.stderr.isatty()
-        self._started = self._printed = time.monotonic()
 
     def update(self, done: int, final: bool = False) -> None:
         if self.comm is None or self.world.rank == 0:
@@ -119,13 +115,7 @@ class JobProgress:
                 self.done[status.Get_source()] = done
                 self.finished += final
         assert self.bar is not None
-        done = sum(self.done)
-        self.bar.update_to(done)
-        now = time.monotonic()
-        if self._lines and now - self._printed >= LINE_SECONDS:
-            self._printed = now
-            print(f"stage: {human_size(done)} of {human_size(self.total)} ({done / max(1, self.total):.0%}), "
-                  f"{human_rate(done / (now - self._started))}", file=sys.stderr, flush=True)
+        self.bar.update_to(sum(self.done))
 
     def close(self) -> None:
         """Rank 0 waits for every rank's last count; the others for their sends to be taken."""

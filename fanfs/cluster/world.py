@@ -41,6 +41,22 @@ def launched_ranks() -> tuple[int, int]:
     return (_first_int(_RANK_VARS, 0), size) if size > 1 else (0, 1)
 
 
+def local_ranks() -> int:
+    """How many ranks of this job the launcher started on this node (1 when run alone)."""
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return max(1, int(os.environ[name]))
+    layout, node = os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""), os.environ.get("SLURM_NODEID", "")
+    if layout and node.isdigit():  # srun: "2(x3),1" is 2 tasks on each of 3 nodes, then 1
+        counts = []
+        for part in layout.split(","):
+            tasks, _, times = part.partition("(x")
+            counts += [int(tasks)] * int(times.rstrip(")") or 1)
+        if int(node) < len(counts):
+            return max(1, counts[int(node)])
+    return 1
+
+
 def expand(path: str, rank: int | None = None) -> str:
     """``path`` with ``{rank}`` replaced by this node's rank."""
     return path.replace("{rank}", str(launched_ranks()[0] if rank is None else rank))

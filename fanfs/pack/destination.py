@@ -17,11 +17,11 @@ import uuid
 
 from ..store.format import INDEX_MAGIC, INDEX_NAME, SAVED_NAMES, SHARD_DIR
 from ..util.workers import pid_alive
+from .janitor import PARTIAL_MARKER
 from .shards import PackError
 
-PARTIAL_MARKER = ".fanfs-partial"
-"""Written first into a store being built (and into a store being replaced): only a directory holding it,
-left by a pack that is no longer running on this host, is ever removed as stale."""
+# PARTIAL_MARKER is written first into a store being built (and into a store being replaced): only a directory
+# holding it, left by a pack that is no longer running on this host, is ever removed as stale.
 
 
 def _is_store(path: str) -> bool:
@@ -33,27 +33,36 @@ def _is_store(path: str) -> bool:
             magic = f.read(len(INDEX_MAGIC))
     except OSError:
         return False
-    if magic != INDEX_MAGIC or not names <= {INDEX_NAME, SHARD_DIR, PARTIAL_MARKER, *SAVED_NAMES}:
+    known = {INDEX_NAME, SHARD_DIR, PARTIAL_MARKER, *SAVED_NAMES}
+    if magic != INDEX_MAGIC or not all(n in known or _half_saved(n) for n in names):
         return False
     shards = os.path.join(path, SHARD_DIR)
     return not os.path.exists(shards) or all(n.split(".")[0].isdigit() for n in os.listdir(shards))
+
+
+def _half_saved(name: str) -> bool:
+    """Is ``name`` what a save of a measurement killed midway leaves (``NAME.tmp-PID``, see store.saved)?"""
+    saved, _, pid = name.rpartition(".tmp-")
+    return saved in SAVED_NAMES and pid.isdigit()
 
 
 def _inside(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-def prepare_destination(store: str, src: str, force: bool) -> None:
+def prepare_destination(store: str, sources: list[str], force: bool) -> None:
     """Refuse an unusable STORE, and remove what killed packs of it left.
 
     ``--force`` replaces an empty directory or a fanfs store, never anything else: not a tree that
-    holds SRC or lies inside it, not a directory of other files, not a symbolic link.
+    holds a source or lies inside one, not a directory of other files, not a symbolic link.
     """
-    real_src, real_store = os.path.realpath(src), os.path.realpath(store)
-    if _inside(real_store, real_src):
-        raise PackError(f"store {store} is inside the source {src}: pick a place outside it")
-    if _inside(real_src, real_store):
-        raise PackError(f"the source {src} is inside {store}: a store there would replace it; pick another place")
+    real_store = os.path.realpath(store)
+    for src in sources:
+        real_src = os.path.realpath(src)
+        if _inside(real_store, real_src):
+            raise PackError(f"store {store} is inside the source {src}: pick a place outside it")
+        if _inside(real_src, real_store):
+            raise PackError(f"the source {src} is inside {store}: a store there would replace it; pick another place")
     if os.path.islink(store):
         raise PackError(f"{store} is a symbolic link: give the real path of the store")
     if os.path.lexists(store):

@@ -20,11 +20,14 @@ import numpy as np
 
 from ..codecs import Codec
 from ..errors import FanfsError
+from ..ingest import Data
+from .batch import Payload, Ref, source_of
 from ..records import Packed, PlainFiles, RecordKind
 from ..store.format import shard_header
 from ..store.schema import BLOB_COLUMNS
 from ..util.checksum import Digest, checksum
 from ..util.files import open_regular
+from ..util.source_file import OpenFile, SourceFile
 
 _BUFFER = 1 << 20
 T = TypeVar("T")
@@ -92,12 +95,13 @@ class ShardJob:
     shard: int
     path: str
     store_id: bytes
-    files: list[tuple[int, bytes]]  # (entry, absolute source path)
+    files: list[tuple[int, Ref, str]]  # (member id, the path to open or its bytes' slice of payload, its name)
     codecs: list[Codec]
     kinds: list[RecordKind]  # tried in order on files they claim; plain files otherwise
     default_codec: int
     raw_codec: int
     plan: object = None  # selection plan: .codec_index(head) per content class
+    payload: Payload | None = None  # archive members' bytes (.batch)
 
 
 @dataclass
@@ -202,17 +206,17 @@ def pack_shard(job: ShardJob, advance: Callable[[int], None] = lambda n: None) -
     fallbacks: list[tuple[str, str, str]] = []
     by_codec: dict[int, list[int]] = {}
     try:
-        for entry, path in job.files:
-            fd, kind, packed, head = _cut(job, path, fallbacks)
+        for entry, ref, name in job.files:
+            source, kind, packed, head = _cut(job, source_of(ref, job.payload), name, fallbacks)
             try:
                 if packed.compress:
                     codec = job.plan.codec_index(head) if job.plan is not None else job.default_codec
                 else:
                     codec = job.raw_codec
-                first, count = _written(path, lambda: writer.add(packed, job.codecs[codec] if packed.compress else None))
-                advance(os.fstat(fd).st_size)
+                first, count = _written(name, lambda: writer.add(packed, job.codecs[codec] if packed.compress else None))
+                advance(source.size)
             finally:
-                os.close(fd)  # streamed layers read it until they are written
+                _close(source)  # streamed layers read it until they are written
             for key, value in (("entry", entry), ("record", kind.kind_id), ("layers", len(packed.layers)),
                                ("first", first), ("count", count), ("codec", codec), ("size", packed.size),
                                ("checksum", packed.final_checksum())):
@@ -236,42 +240,48 @@ class _SourceFailure(Exception):
         self.reason = reason
 
 
-def _cut(job: ShardJob, path: bytes, fallbacks: list[tuple[str, str, str]]) -> tuple[int, RecordKind, Packed, bytes]:
-    """Open the source file and let the first kind that claims it cut it (plain if none manages).
-
-    Returns the open descriptor too: a large file's layers are read from it while they are written.
-    """
-    name = os.fsdecode(path)
+def _cut(job: ShardJob, data: Data, name: str,
+         fallbacks: list[tuple[str, str, str]]) -> tuple[SourceFile, RecordKind, Packed, bytes]:
+    """Open the source file (a path) or take its bytes, and let the first kind that claims it cut it (plain if
+    none manages).  Returns the source too: a large file's layers are read from it while they are written."""
+    source: SourceFile
+    if isinstance(data, bytes):
+        try:
+            source = OpenFile(open_regular(data, follow=False))
+        except OSError as err:
+            raise PackError(f"cannot read {name}: {err.strerror}") from None
+        except FanfsError as err:
+            raise PackError(f"cannot pack {err} (it changed since the walk)") from None
+    else:
+        source = data
     try:
-        fd = open_regular(path, follow=False)
-    except OSError as err:
-        raise PackError(f"cannot read {name}: {err.strerror}") from None
-    except FanfsError as err:
-        raise PackError(f"cannot pack {err} (it changed since the walk)") from None
-    try:
-        size = os.fstat(fd).st_size
-        head = os.pread(fd, HEAD, 0)
+        head = source.pread(HEAD, 0)
         chosen: RecordKind = _PLAIN
         packed: Packed | str = ""
         for kind in job.kinds:
             if kind.claims(head):
-                packed = kind.pack(fd, size, head)
+                packed = kind.pack(source, head)
                 if isinstance(packed, Packed):
                     chosen = kind
                 else:
                     fallbacks.append((kind.name, name, packed))
                 break
         if not isinstance(packed, Packed):
-            packed = _PLAIN.pack(fd, size, head)
+            packed = _PLAIN.pack(source, head)
     except OSError as err:
-        os.close(fd)
+        _close(source)
         raise PackError(f"cannot read {name}: {err.strerror or err}") from None
     except BaseException:
-        os.close(fd)
+        _close(source)
         raise
     packed.layers = [_reading(blobs) for blobs in packed.layers]
     packed.side = [_reading(blobs) for blobs in packed.side]
-    return fd, chosen, packed, head
+    return source, chosen, packed, head
+
+
+def _close(source: SourceFile) -> None:
+    if isinstance(source, OpenFile):
+        os.close(source.fd)
 
 
 _PLAIN = PlainFiles()
@@ -290,12 +300,12 @@ def _reading(blobs: Iterable[bytes | int]) -> Iterator[bytes | int]:
         yield item
 
 
-def _written(path: bytes | None, write: Callable[[], T]) -> T:
+def _written(name: str | None, write: Callable[[], T]) -> T:
     """Run a write of the shard; a full disk is NoSpace, a source that failed mid-read names the source."""
     try:
         return write()
     except _SourceFailure as failure:
-        raise PackError(f"cannot read {os.fsdecode(path or b'?')}: {failure.reason}") from None
+        raise PackError(f"cannot read {name or '?'}: {failure.reason}") from None
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise NoSpace(err.filename or "") from None

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from ..errors import UsageError
+from ..util.source_file import SourceFile
 from . import settings as _settings
 from .settings import FULL, Presentation, Setting, register_setting, settings
 
@@ -230,18 +230,18 @@ class RecordKind:
         """Whether a file starting with ``head`` is one for this kind (content sniffing, not names)."""
         return False
 
-    def pack(self, fd: int, size: int, head: bytes) -> Packed | str:
-        """Cut the open file into layers, or give the reason it cannot be stored this way."""
+    def pack(self, source: SourceFile, head: bytes) -> Packed | str:
+        """Cut the file into layers, or give the reason it cannot be stored this way."""
         raise NotImplementedError
 
-    def matches_source(self, reader: Reader, entry: int, source: BinaryIO) -> str | None:
+    def matches_source(self, reader: Reader, entry: int, source: SourceFile) -> str | None:
         """``fanfs verify --against``: None if the full presentation stands for the source file, else why not.
 
         By default the bytes must be the same, compared a few chunks at a time (a sparse 5 GiB file too).
         """
         offset, step = 0, 8 * reader.chunk_size
         while True:
-            block = source.read(step)
+            block = source.pread(step, offset)
             if block != reader.read(entry, offset, step):
                 return f"bytes differ from the source near offset {offset}"
             if not block:
@@ -359,15 +359,6 @@ def blob_ranks(index: Columns) -> np.ndarray:
             ranks[blobs] = rank
     return ranks
 
-
-def read_all(fd: int, size: int) -> bytes:
-    """All of an open file, from its start whatever its offset (a kind that refused it may have read it)."""
-    parts = []
-    offset = 0
-    while chunk := os.pread(fd, max(1 << 16, size + 1 - offset), offset):
-        parts.append(chunk)
-        offset += len(chunk)
-    return b"".join(parts)
 
 
 def expand(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -7,14 +7,13 @@ any offset decodes one chunk, and a chunk wholly inside a hole of a sparse file 
 from __future__ import annotations
 
 import errno
-import os
 from collections.abc import Iterator
-from typing import BinaryIO
 
 import numpy as np
 
 from ..util.checksum import Digest, checksum
-from .base import Columns, Packed, Reader, RecordKind, Span, expand, read_all, register
+from ..util.source_file import SourceFile
+from .base import Columns, Packed, Reader, RecordKind, Span, expand, register
 
 CHUNK_SIZE = 1 << 20
 
@@ -68,21 +67,19 @@ class PlainFiles(RecordKind):
         first = offset // chunk
         return (int(index.first[entry]) + first, min(count, -(-end // chunk)) - first)
 
-    def matches_source(self, reader: Reader, entry: int, source: BinaryIO) -> str | None:
+    def matches_source(self, reader: Reader, entry: int, source: SourceFile) -> str | None:
         """Chunk by chunk; a chunk stored as a hole is compared with the source only where the source has data
         (``SEEK_DATA``), so a sparse 5 GiB file is not read as 5 GiB of zeros on both sides."""
         ix = reader.index
         first, count, size = int(ix.first[entry]), int(ix.count[entry]), int(ix.size[entry])
-        chunk, fd = reader.chunk_size, source.fileno()
+        chunk = reader.chunk_size
         for i in range(count):
             start, end = i * chunk, min(size, (i + 1) * chunk)
-            if ix.blob_stored[first + i] == 0 and _data_from(fd, start) >= end:
+            if ix.blob_stored[first + i] == 0 and source.data_from(start) >= end:
                 continue  # a hole on both sides
-            source.seek(start)
-            if source.read(end - start) != reader.read(entry, start, end - start):
+            if source.pread(end - start, start) != reader.read(entry, start, end - start):
                 return f"bytes differ from the source in chunk {i} (offset {start})"
-        source.seek(size)
-        return "the source is longer than the stored file" if source.read(1) else None
+        return "the source is longer than the stored file" if source.pread(1, size) else None
 
     def check(self, index: Columns, entries: np.ndarray) -> str | None:
         chunk = int(index.meta["chunk_size"])
@@ -106,43 +103,29 @@ class PlainFiles(RecordKind):
                 return "a plain file whose chunk sizes do not add up to its size"
         return None
 
-    def pack(self, fd: int, size: int, head: bytes) -> Packed:
-        if size <= CHUNK_SIZE:
-            data = read_all(fd, size)
+    def pack(self, source: SourceFile, head: bytes) -> Packed:
+        if source.size <= CHUNK_SIZE:
+            data = source.read_all()
             return Packed([[data] if data else []], len(data), checksum(data))
         digest = Digest()
-        return Packed([_chunks(fd, size, digest)], size, digest=digest)
+        return Packed([_chunks(source, digest)], source.size, digest=digest)
 
 
 _HOLE = bytes(CHUNK_SIZE)
 
 
-def _chunks(fd: int, size: int, digest: Digest) -> Iterator[bytes | int]:
+def _chunks(source: SourceFile, digest: Digest) -> Iterator[bytes | int]:
     """The chunks of a large file; an int for a chunk that lies wholly in a hole (stored as nothing)."""
-    pos = 0
+    pos, size = 0, source.size
     while pos < size:
         n = min(CHUNK_SIZE, size - pos)
-        try:
-            data_at = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as err:
-            if err.errno != errno.ENXIO:
-                raise
-            data_at = size
-        if data_at >= pos + n:
+        if source.data_from(pos) >= pos + n:
             digest.update(_HOLE[:n])
             yield n
         else:
-            data = os.pread(fd, n, pos)
+            data = source.pread(n, pos)
             if len(data) != n:
                 raise OSError(errno.EIO, "file changed size while being packed")
             digest.update(data)
             yield data
         pos += n
-
-
-def _data_from(fd: int, offset: int) -> int:
-    """Where the next data at or after ``offset`` begins (the file's end if none; ``offset`` where holes are unknown)."""
-    try:
-        return os.lseek(fd, offset, os.SEEK_DATA)
-    except OSError as err:
-        return os.fstat(fd).st_size if err.errno == errno.ENXIO else offset

@@ -24,7 +24,8 @@ def store_info(store: Store) -> dict[str, Any]:
                        "ratio": round(stats["raw"] / stats["stored"], 3) if stats["stored"] else None})
     return {
         "store": store.root, "store_id": meta["store_id"], "format": meta["format"], "created": meta["created"],
-        "source": meta["source"], **totals,
+        "source": meta["source"], "sources": meta.get("sources", [{"path": meta["source"], "kind": "directory"}]),
+        "expand_archives": bool(meta.get("expand_archives")), **totals,
         "ratio": round(totals["bytes_in"] / totals["bytes_stored"], 3) if totals["bytes_stored"] else None,
         "codecs": codecs,
         "shard_bytes": {"min": int(sizes.min()) if sizes.size else 0, "max": int(sizes.max()) if sizes.size else 0,
@@ -83,7 +84,9 @@ def _codec_note(info: dict[str, Any]) -> str:
 def format_info(info: dict[str, Any]) -> str:
     lines = [
         f"store      {info['store']}  (id {info['store_id'][:12]}, format {info['format']}, created {info['created']})",
-        f"source     {info['source']}",
+        *(f"{'source' if i == 0 else '':<10} {s['path'] if s['path'] != '-' else 'standard input'} ({s['kind']})"
+          for i, s in enumerate(info["sources"])),
+        *(["           (archives inside them expanded into directories)"] if info["expand_archives"] else []),
         f"entries    {info['files']:,} files, {info['dirs']:,} dirs, {info['symlinks']:,} symlinks",
         f"bytes      {human_size(info['bytes_in'])} in source -> {human_size(info['bytes_stored'])} stored"
         + (f"  (ratio {info['ratio']:.2f})" if info["ratio"] else ""),

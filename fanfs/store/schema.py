@@ -40,10 +40,12 @@ def new_columns(schema: Mapping[str, Any], length: int) -> dict[str, np.ndarray]
 
 def header(*, store_id: bytes, source: str, codecs: Sequence[Mapping[str, Any]], totals: Mapping[str, int],
            codec_stats: Mapping[str, Mapping[str, int]], records: Mapping[str, Any] | None = None,
-           plan: Mapping[str, Any] | None = None, format_version: int = 1) -> dict[str, Any]:
+           plan: Mapping[str, Any] | None = None, format_version: int = 1,
+           sources: Sequence[Mapping[str, str]] | None = None, expand_archives: bool = False) -> dict[str, Any]:
     """An index's JSON header: ``codecs`` (configs) as the ``codec`` column numbers them, ``totals`` (every one of
     :data:`TOTALS`), ``codec_stats`` (codec number -> files, raw, stored), ``records`` (kind name -> files,
-    fallbacks and the kind's pack options), ``plan`` (fanfs.pack.plan's description, if packed with one)."""
+    fallbacks and the kind's pack options), ``plan`` (fanfs.pack.plan's description, if packed with one), ``sources``
+    (each source's path and kind: directory, tar, tar.gz..., zip) and whether archives inside them were expanded."""
     missing = [name for name in TOTALS if name not in totals]
     if missing:
         raise ValueError(f"index totals lack {', '.join(missing)}")
@@ -52,6 +54,8 @@ def header(*, store_id: bytes, source: str, codecs: Sequence[Mapping[str, Any]],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "source": source, "chunk_size": CHUNK_SIZE, "codecs": list(codecs), "codec_stats": dict(codec_stats),
         "records": dict(records or {}), "plan": plan, "totals": dict(totals),
+        "sources": [dict(s) for s in sources or ({"path": source, "kind": "directory"},)],
+        "expand_archives": expand_archives,
     }
 
 

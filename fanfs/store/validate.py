@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..records import expand, kinds
-from .format import DIR, FILE, FORMATS, SHARD_HEADER, SYMLINK
+from .format import DIR, FILE, FORMATS, SHARD_HEADER, SHARED_BLOBS_FORMAT, SYMLINK
 from .schema import TOTALS
 
 _MAX_INT = 1 << 62
@@ -80,6 +80,11 @@ def _check_meta(meta: dict[str, Any], index: Any) -> None:
     for key in ("plan", "records"):
         if not isinstance(meta.get(key) or {}, dict):
             raise _fail(f"{key!r} is malformed")
+    sources = meta.get("sources", [])
+    if not (isinstance(sources, list) and all(isinstance(s, dict) and isinstance(s.get("path"), str)
+                                              and isinstance(s.get("kind"), str) for s in sources)
+            and isinstance(meta.get("expand_archives", False), bool)):
+        raise _fail("'sources' is malformed")
 
 
 SLAB = 1 << 16
@@ -225,9 +230,11 @@ def _check_files(index: Any) -> None:
     f, c, shard_of_file = first[held], count[held], index.shard[files][held]
     if f.size and (f[1:] < f[:-1]).any():  # pack writes files' blobs in entry order: sorted already
         order = np.argsort(f, kind="stable")
-        f, c, shard_of_file = f[order], c[order], shard_of_file[order]
+        f, c, shard_of_file, held = f[order], c[order], shard_of_file[order], files[held][order]
+    else:
+        held = files[held]
     if (f[1:] < f[:-1] + c[:-1]).any():
-        raise _fail("two files share blobs")
+        f, c, shard_of_file = _shared_ranges(index, f, c, shard_of_file, held)
     sizes = _ints(index.shard_size, "a shard size is impossible")
     if (sizes < SHARD_HEADER.size).any():
         raise _fail("a shard size is impossible")
@@ -241,6 +248,21 @@ def _check_files(index: Any) -> None:
             problem = kind.check(index, mine)
             if problem:
                 raise _fail(problem)
+
+
+def _shared_ranges(index: Any, f: np.ndarray, c: np.ndarray, shard: np.ndarray,
+                   entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Files whose blob ranges overlap (sorted by first blob): only hard links of format 4 and later may, and only
+    as whole copies of each other's range and file columns; the ranges once each."""
+    again = (f[1:] == f[:-1]) & (c[1:] == c[:-1])
+    if ((f[1:] < f[:-1] + c[:-1]) & ~again).any() or index.meta["format"] < SHARED_BLOBS_FORMAT:
+        raise _fail("two files share blobs")
+    a, b = entries[:-1][again], entries[1:][again]
+    for column in (index.record, index.layers, index.codec, index.size, index.checksum, index.shard):
+        if (column[a] != column[b]).any():
+            raise _fail("two files share blobs but differ")
+    keep = np.concatenate([[True], ~again])
+    return f[keep], c[keep], shard[keep]
 
 
 def _check_blob_slab(index: Any, first: np.ndarray, count: np.ndarray, shard: np.ndarray, sizes: np.ndarray) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat as statmod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,10 +13,9 @@ from ..records import FULL, kinds
 from ..util.checksum import Digest
 from ..util.files import open_regular
 from ..util.progress import Progress
-from .format import DIR, FILE, SAVED_NAMES, SHARD_DIR, SHARD_HEADER, check_shard_header, digest_file, shard_name
+from .format import FILE, SAVED_NAMES, SHARD_DIR, SHARD_HEADER, check_shard_header, digest_file, shard_name
 from .reader import Store
 from .saved import read_saved
-from .walk import walk
 
 
 @dataclass
@@ -33,9 +31,14 @@ class VerifyReport:
         return not self.problems
 
 
-def verify(store_path: str, against: str | None = None, progress: bool = True,
+Against = Callable[["Store", Callable[[str], None], bool], None]
+"""A comparison of an open store with something else (``fanfs.ingest.compare``: its sources), run after the checksums:
+given the store, where to report a problem, and whether to show progress."""
+
+
+def verify(store_path: str, against: Against | None = None, progress: bool = True,
            on_problem: Callable[[str], None] | None = None) -> VerifyReport:
-    """Check shard checksums, every file's content checksum, and with ``against`` the source tree."""
+    """Check shard checksums, every file's content checksum, and with ``against`` what it compares."""
     store = Store(store_path, check_shards=False)
     report = VerifyReport()
 
@@ -57,7 +60,7 @@ def verify(store_path: str, against: str | None = None, progress: bool = True,
         except FanfsError as err:
             problem(str(err))
     if against is not None:
-        _verify_against(store, against, report, problem, progress)
+        against(store, problem, progress)
     store.close()
     return report
 
@@ -65,7 +68,7 @@ def verify(store_path: str, against: str | None = None, progress: bool = True,
 def _verify_shards(store: Store, report: VerifyReport, problem: Callable[[str], None], progress: bool) -> None:
     ix = store.index
     directory = os.path.join(store.root, SHARD_DIR)
-    with Progress(int(ix.shard_size.sum()), "shards", enabled=progress, unit="B") as bar:
+    with Progress(int(ix.shard_size.sum()), "verify shards", enabled=progress, unit="B") as bar:
         done = 0
 
         def advance(n: int) -> None:
@@ -100,7 +103,7 @@ def _file_digest(store: Store, entry: int, fidelity: int = FULL) -> int:
 def _verify_files(store: Store, report: VerifyReport, problem: Callable[[str], None], progress: bool) -> None:
     ix = store.index
     files = np.flatnonzero(ix.type == FILE).tolist()
-    with Progress(len(files), "files", enabled=progress) as bar:
+    with Progress(len(files), "verify files", enabled=progress, unit="files") as bar:
         for n, entry in enumerate(files, 1):
             name = os.fsdecode(ix.path(entry))
             try:
@@ -111,43 +114,3 @@ def _verify_files(store: Store, report: VerifyReport, problem: Callable[[str], N
             report.files += 1
             report.bytes += int(ix.size[entry])
             bar.update_to(n)
-
-
-def _verify_against(store: Store, src: str, report: VerifyReport, problem: Callable[[str], None],
-                    progress: bool) -> None:
-    """Same paths, types, modes, mtimes, link targets and bytes (pixels for JPEG records) as ``src``."""
-    tree = walk(src)
-    ix = store.index
-    seen = set()
-    with Progress(len(tree.paths), "source", enabled=progress) as bar:
-        for n, path in enumerate(tree.paths):
-            bar.update_to(n)
-            name = os.fsdecode(path) or "/"
-            entry = ix.lookup(path)
-            if entry < 0:
-                problem(f"{name}: in the source, missing from the store")
-                continue
-            seen.add(entry)
-            if int(ix.type[entry]) != tree.type[n] or int(ix.mode[entry]) != tree.mode[n]:
-                problem(f"{name}: type or mode differs ({oct(int(ix.mode[entry]))} vs {oct(tree.mode[n])})")
-                continue
-            if int(ix.mtime[entry]) != tree.mtime[n] and tree.type[n] != DIR:
-                problem(f"{name}: mtime differs")
-            if statmod.S_ISLNK(tree.mode[n]):
-                if store.readlink(entry) != tree.targets[n]:
-                    problem(f"{name}: link target differs")
-            elif tree.type[n] == FILE:
-                _compare_content(store, entry, tree.abspath(n), name, problem)
-    for entry in set(range(ix.entries)) - seen:
-        problem(f"{os.fsdecode(ix.path(entry))}: in the store, not in the source")
-
-
-def _compare_content(store: Store, entry: int, path: bytes, name: str, problem: Callable[[str], None]) -> None:
-    try:
-        fd = open_regular(path, follow=False)
-        with open(fd, "rb") as f:
-            reason = store.kind(entry).matches_source(store, entry, f)
-    except (OSError, FanfsError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-    if reason:
-        problem(f"{name}: {reason}")

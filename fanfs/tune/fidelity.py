@@ -159,7 +159,7 @@ def _time_decodes(store: Store, entries: list[int], top: int, source: str | None
     vs_full = np.ones((len(entries), top + len(tiers)))
     vs_full[:, top:] = np.nan
     vs_source = np.full((len(entries), top + len(tiers)), np.nan)
-    with Progress(len(entries), "decode speed", enabled=progress) as bar:
+    with Progress(len(entries), "decode speed", enabled=progress, unit="records") as bar:
         for i, entry in enumerate(entries):
             path = store.index.path(entry)
             layers = int(store.index.layers[entry])
@@ -208,7 +208,7 @@ def analyse(store: Store, sample: int = 500, seed: int = 0, jobs: int | None = N
     tiers = tier_values(store.index)
     tier_rows = np.full((len(entries), len(tiers), 3), np.nan)
     kept = np.ones(len(entries), bool)
-    with Progress(len(entries), "fidelity", enabled=progress) as bar, contextlib.ExitStack() as stack:
+    with Progress(len(entries), "fidelity", enabled=progress, unit="records") as bar, contextlib.ExitStack() as stack:
         if jobs > 1:
             pool = stack.enter_context(process_pool(jobs))
             measured = pool.map(_measure, entries, chunksize=4)

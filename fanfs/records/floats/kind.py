@@ -25,10 +25,11 @@ import bisect
 import struct
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
+from ...util.source_file import SourceFile
 from ..base import FULL, AddOption, Columns, Packed, Presentation, Reader, RecordKind, expand, register
 from .coding import ELF_DTYPES, SPECS, Coding, SideError, elf_bits
 from .values import find_values, sniff
@@ -226,15 +227,15 @@ class FloatRecords(RecordKind):
         m = elf_bits(self.error, spec)
         return Coding(spec, m, self.error if self.error is not None else 2.0 ** -(m + 1))
 
-    def pack(self, fd: int, size: int, head: bytes) -> Packed | str:
-        found = find_values(fd, size, head)
+    def pack(self, source: SourceFile, head: bytes) -> Packed | str:
+        found = find_values(source, head)
         if isinstance(found, str):
             return found
-        writer = RecordWriter(fd, found, self.coding(found.dtype), CHUNK_SIZE)
+        writer = RecordWriter(source, found, self.coding(found.dtype), CHUNK_SIZE)
         return Packed([writer.layer0(), *(writer.plane(j) for j in range(1, writer.coding.planes + 1))],
-                      size, digest=writer.digest)
+                      source.size, digest=writer.digest)
 
-    def matches_source(self, reader: Reader, entry: int, source: BinaryIO) -> str | None:
+    def matches_source(self, reader: Reader, entry: int, source: SourceFile) -> str | None:
         """Lossless: the same bytes.  ELF: the same bytes but for values, each within the bound (exceptions exact)."""
         layout = self._layout(reader, entry)
         coding = layout.coding
@@ -244,8 +245,7 @@ class FloatRecords(RecordKind):
         for start, length, is_value in zip(layout.starts, layout.lengths, layout.in_values):
             for pos in range(start, start + length, step):
                 n = min(step, start + length - pos)
-                source.seek(pos)
-                mine, theirs = self.read(reader, entry, FULL, pos, n), source.read(n)
+                mine, theirs = self.read(reader, entry, FULL, pos, n), source.pread(n, pos)
                 if len(theirs) != n:
                     return f"the source is shorter than the record (near offset {pos})"
                 if mine == theirs:
@@ -257,7 +257,7 @@ class FloatRecords(RecordKind):
                     err = np.abs(spec.to_float64(a) - spec.to_float64(b))
                 if ((a != b) & ~(err <= coding.eps)).any():
                     return f"a value differs from the source by more than {coding.eps:g} near offset {pos}"
-        if source.read(1):
+        if source.pread(1, int(reader.index.size[entry])):
             return "the source is longer than the record"
         return None
 

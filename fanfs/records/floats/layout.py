@@ -8,7 +8,7 @@ the record's index rows once, so every number a read then trusts is known to fit
 from __future__ import annotations
 
 import bisect
-import os
+import errno
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +18,7 @@ import numpy as np
 
 from ...codecs import Zstd
 from ...util.checksum import Digest
+from ...util.source_file import SourceFile
 from ..base import Columns
 from .coding import ELF_DTYPES, SIDE, SPECS, Coding
 from .values import MAX_SEGMENTS, ValueMap
@@ -128,8 +129,8 @@ class RecordWriter:
     codes whole, and the checksum of the full presentation; each plane layer reads the values again.
     """
 
-    def __init__(self, fd: int, found: ValueMap, coding: Coding, chunk: int) -> None:
-        self.fd, self.found, self.coding, self.chunk = fd, found, coding, chunk
+    def __init__(self, source: SourceFile, found: ValueMap, coding: Coding, chunk: int) -> None:
+        self.source, self.found, self.coding, self.chunk = source, found, coding, chunk
         self.width = found.width
         self.chunk_values = chunk // self.width
         self.chunks = -(-found.values // self.chunk_values)
@@ -155,12 +156,9 @@ class RecordWriter:
                 + np.array(f.offsets, "<u8").tobytes() + np.array(f.counts, "<u8").tobytes())
 
     def _read(self, offset: int, length: int) -> bytes:
-        data = os.pread(self.fd, length, offset)
-        while len(data) < length:
-            more = os.pread(self.fd, length - len(data), offset + len(data))
-            if not more:
-                raise OSError(5, "file changed size while being packed")
-            data += more
+        data = self.source.pread(length, offset)
+        if len(data) < length:
+            raise OSError(errno.EIO, "file changed size while being packed")
         return data
 
     def _values(self, c: int) -> bytes:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import struct
 from dataclasses import dataclass
+
+from ...util.source_file import SourceFile
 
 NPY_MAGIC = b"\x93NUMPY"
 MAX_HEADER = 100 << 20  # safetensors' own limit on its JSON header
@@ -57,10 +58,10 @@ def sniff(head: bytes) -> bool:
     return False
 
 
-def find_values(fd: int, size: int, head: bytes) -> ValueMap | str:
-    """The value map of an open file, or why its values cannot be stored as float records."""
+def find_values(source: SourceFile, head: bytes) -> ValueMap | str:
+    """The value map of a source file, or why its values cannot be stored as float records."""
     try:
-        found = _npy(fd, size, head) if head.startswith(NPY_MAGIC) else _safetensors(fd, size, head)
+        found = _npy(source, head) if head.startswith(NPY_MAGIC) else _safetensors(source, head)
         if isinstance(found, ValueMap) and len(found.offsets) > MAX_SEGMENTS:
             return f"{len(found.offsets):,} separate runs of float values, more than {MAX_SEGMENTS:,}"
         return found
@@ -68,18 +69,8 @@ def find_values(fd: int, size: int, head: bytes) -> ValueMap | str:
         return f"unreadable header ({type(err).__name__})"
 
 
-def _pread_exact(fd: int, length: int, offset: int) -> bytes:
-    parts, got = [], 0
-    while got < length:
-        chunk = os.pread(fd, length - got, offset + got)
-        if not chunk:
-            break
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
-
-
-def _npy(fd: int, size: int, head: bytes) -> ValueMap | str:
+def _npy(source: SourceFile, head: bytes) -> ValueMap | str:
+    size = source.size
     if len(head) < 10:
         return "ends within its header"
     major = head[6]
@@ -93,7 +84,7 @@ def _npy(fd: int, size: int, head: bytes) -> ValueMap | str:
         return f"unknown .npy version {major}"
     if length > MAX_HEADER or start + length > size:
         return "ends within its header"
-    text = _pread_exact(fd, length, start).decode("utf-8" if major == 3 else "latin-1")
+    text = source.pread(length, start).decode("utf-8" if major == 3 else "latin-1")
     header = ast.literal_eval(text)
     if not (isinstance(header, dict) and {"descr", "fortran_order", "shape"} <= set(header)):
         return "a .npy header without descr, fortran_order and shape"
@@ -118,11 +109,12 @@ def _npy(fd: int, size: int, head: bytes) -> ValueMap | str:
     return ValueMap(dtype, [data], [count], size)
 
 
-def _safetensors(fd: int, size: int, head: bytes) -> ValueMap | str:
+def _safetensors(source: SourceFile, head: bytes) -> ValueMap | str:
+    size = source.size
     (length,) = struct.unpack_from("<Q", head)
     if 8 + length > size:
         return "ends within its header"
-    header = json.loads(_pread_exact(fd, length, 8))
+    header = json.loads(source.pread(length, 8))
     if not isinstance(header, dict):
         return "a safetensors header that is no JSON object"
     base = 8 + length

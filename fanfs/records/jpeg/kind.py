@@ -14,14 +14,15 @@ view).  A tier view (``TIER | s``) presents the tier's blob as the whole file.  
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from ...util.checksum import checksum
 from ...util.images import decode_pixels
+from ...util.source_file import SourceFile
 from ...util.units import human_size
-from ..base import FULL, SIDE_LAYER, AddOption, Columns, Packed, Presentation, Reader, RecordKind, expand, read_all, register
+from ..base import FULL, SIDE_LAYER, AddOption, Columns, Packed, Presentation, Reader, RecordKind, expand, register
 from .markers import EOI, JpegError, frame, looks_like_jpeg, split_layers
 from .options import DEFAULT_MAX_PIXELS, FIDELITY, add_pack_options, asked, format_fidelity
 from .scans import DEFAULT_SCANS, LIBJPEG, scan_script
@@ -237,10 +238,10 @@ class JpegRecords(RecordKind):
     def claims(self, head: bytes) -> bool:
         return looks_like_jpeg(head[:4])
 
-    def pack(self, fd: int, size: int, head: bytes) -> Packed | str:
-        if size > MAX_SIZE:
+    def pack(self, source: SourceFile, head: bytes) -> Packed | str:
+        if source.size > MAX_SIZE:
             return f"larger than {MAX_SIZE >> 20} MiB"
-        data = read_all(fd, size)
+        data = source.read_all()
         try:
             image = frame(data)  # the pixel count from the header, before anything is decoded
             if image.pixels > self.max_pixels:
@@ -257,11 +258,11 @@ class JpegRecords(RecordKind):
         side = [] if notes else [[tier] for tier in tiers]
         return Packed([[layer] for layer in layers], len(full), checksum(full), compress=False, notes=notes, side=side)
 
-    def matches_source(self, reader: Reader, entry: int, source: BinaryIO) -> str | None:
+    def matches_source(self, reader: Reader, entry: int, source: SourceFile) -> str | None:
         """A JPEG record stands for its source when both decode to the same pixels."""
         try:
             presented = reader.read(entry, 0, int(reader.index.size[entry]))
-            same = np.array_equal(decode_pixels(presented), decode_pixels(source.read()))
+            same = np.array_equal(decode_pixels(presented), decode_pixels(source.read_all()))
         except Exception as err:  # noqa: BLE001 - any decode failure is the answer
             return f"does not decode: {err}"
         return None if same else "JPEG record pixels differ from the source"
