@@ -40,14 +40,14 @@ pytestmark = [pytest.mark.slow,  # mpiexec jobs of 3 nodes
 class NodeJob:
     """``mpiexec -n 3 fanfs mount STORE node{rank} --local-dir local{rank} --no-mount``: nodes without a mount."""
 
-    def __init__(self, store: Path, base: Path, replicas: int) -> None:
+    def __init__(self, store: Path, base: Path, replicas: int, *options: str) -> None:
         self.base = base
         self.dirs = [base / f"node{rank}" for rank in range(NODES)]
         self.log = base / "job.log"
         self.logfile = open(self.log, "w")
         self.segments = mpi_segments()
         self.proc = mpiexec("mount", store, base / "node{rank}", "--local-dir", base / "local{rank}", "--replicas",
-                            replicas, "--peer-timeout", "1", "--no-mount", nodes=NODES, stdout=self.logfile,
+                            replicas, "--peer-timeout", "1", "--no-mount", *options, nodes=NODES, stdout=self.logfile,
                             stderr=subprocess.STDOUT)
 
     def __enter__(self) -> "NodeJob":

@@ -76,6 +76,27 @@ def test_a_job_without_fuse_reads_every_file_in_process_on_every_node(slurm, slu
     assert_nothing_left(slurm, job)
 
 
+def test_a_lazily_staged_job_within_a_capacity(slurm, slurm_plain, tmp_path):
+    """Issue 30: FANFS_STAGE=lazy starts training at once; FANFS_CAPACITY holds each node's cache to a budget smaller
+    than its share (3 nodes, 2 replicas): every file exact on every node, the rest read through."""
+    src, store = slurm_plain
+    share = 2 * sum(p.stat().st_size for p in (store / "shards").iterdir()) // NODES
+    job = submit(slurm, store, tmp_path / "out", "--source", str(src),
+                 env={"FANFS_STAGE": "lazy", "FANFS_CAPACITY": str(share // 3)})
+    result = slurm.wait(job, timeout=120)
+    output = slurm.output(job)
+    assert result == ("COMPLETED", 0, 0), output
+    assert "error" not in output.lower() and "staged" not in output, output  # nothing staged before training
+    got = reports(tmp_path / "out")
+    assert sorted(r["node"] for r in got.values()) == slurm.nodes
+    for r in got.values():
+        assert r["files"] == 120 and not r["mismatches"], r
+        cache = r["cache"]
+        assert cache["capacity"] == share // 3 and 0 < cache["held_bytes"] <= share // 3, r
+        assert cache["fills"] > 0 and cache["read_through_bytes"] > 0, r
+    assert_nothing_left(slurm, job)
+
+
 def test_missing_store_fails_at_once(slurm, tmp_path):
     started = time.monotonic()
     job = submit(slurm, tmp_path / "no-such-store", tmp_path / "out")

@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch")
 
 from photo_folder import PhotoFolder  # noqa: E402
 
-from fanfs.train import choose_fidelity, fidelity_levels, fidelity_schedule  # noqa: E402
+from fanfs.train import OrderSampler, choose_fidelity, fidelity_levels, fidelity_schedule  # noqa: E402
 
 pytestmark = pytest.mark.slow  # see docs/userguide.rst, 'Quick start'
 
@@ -282,3 +282,30 @@ def test_bad_mounts_and_candidates_are_one_line(photo_store, tmp_path, mount):
 def test_fanfs_and_its_command_line_do_not_import_torch():
     code = "import sys, fanfs.train, fanfs.cli.main; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_order_sampler_has_a_lazily_staged_mount_fetch_ahead(photo_store, tmp_path, mount, caplog):
+    """Issue 30: the training's own order, told by its sampler, is what the node fetches ahead of its loader."""
+    from torch.utils.data import DataLoader, DistributedSampler
+    index = Store(str(photo_store), check_shards=False).index
+    capacity = int(index.blob_stored.sum()) // 2
+    with mount(photo_store, "--local-dir", tmp_path / "local", "--stage", "lazy", "--capacity", str(capacity)) as mnt:
+        data = photos(mnt)
+        sampler = OrderSampler(data, mountpoint=mnt, seed=3)
+        loader = DataLoader(data, batch_size=8, sampler=sampler, num_workers=2)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            assert sum(len(labels) for _, labels in loader) == len(data)
+        stats = json.loads(fanfs("stats", mnt, "--json").stdout)
+    ahead = stats["prefetch"]
+    assert ahead["streams"] == {sampler.stream: {"files": 2 * len(data), "position": 2 * len(data)}}  # this epoch and the next
+    assert ahead["files"] > 0 and ahead["failed"] == 0
+    reference = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
+    reference.set_epoch(1)
+    assert list(sampler.sampler) == list(reference)  # the indices are the wrapped sampler's
+    with mount(photo_store) as plain:  # a mount that follows no order: training goes on, with one warning
+        data = photos(plain)
+        sampler = OrderSampler(data, mountpoint=plain)
+        with caplog.at_level("WARNING", logger="fanfs"):
+            assert sorted(sampler) == sorted(sampler) == list(range(len(data)))
+        assert sum("did not take the order" in r.message for r in caplog.records) == 1

@@ -38,6 +38,7 @@ from typing import Any
 import benchlib as bl
 import numpy as np
 from bench_cluster import job, make_tree, mpi_fanfs
+from bench_lazy import BATCH, capacity_rows, lazy_rows, print_capacity, print_lazy
 from emucluster import Cluster, emulated_cluster, rate_bits
 
 # The fanfs rows: (key, store, presentation), staged and mounted alike.  "store" holds progressive records,
@@ -233,6 +234,10 @@ def prepare(args: argparse.Namespace, export: Path) -> tuple[list[str], int, dic
     if not rels:
         raise SystemExit(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) under {args.source}")
     np.random.default_rng(0).shuffle(rels)  # an epoch's order, cut among the nodes
+    if args.rows == "cache":  # its rows read the plain store only
+        bl.run([*bl.FANFS, "pack", images, export / "plain", "--quiet"], timeout=7200)
+        return rels, 0, {"images": len(rels), "image_MB": sum((images / r).stat().st_size for r in rels) / 1e6,
+                         "store_MB": sum(p.stat().st_size for p in (export / "plain" / "shards").iterdir()) / 1e6}
     started = time.perf_counter()
     bl.run([*bl.FANFS, "pack", images, export / "store", "--progressive-jpeg", "--quiet"], timeout=7200)
     pack_s = time.perf_counter() - started
@@ -245,6 +250,36 @@ def prepare(args: argparse.Namespace, export: Path) -> tuple[list[str], int, dic
     data = {"images": len(rels), "image_MB": sum((images / r).stat().st_size for r in rels) / 1e6, "pack_s": pack_s,
             "recommended_k": k, "store_MB": sum(p.stat().st_size for p in (export / "store" / "shards").iterdir()) / 1e6}
     return rels, k, data
+
+
+def scaled(export: Path, rels: list[str], times: int) -> list[str]:
+    """The image tree ``times`` over (copies under ``images-xN/copyI``) and its store ``plain-xN``: its files."""
+    tree = export / f"images-x{times}"
+    for i in range(times):
+        for rel in rels:
+            (tree / f"copy{i}" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(export / "images" / rel, tree / f"copy{i}" / rel)
+    bl.run([*bl.FANFS, "pack", tree, export / f"plain-x{times}", "--quiet"], timeout=7200)
+    return [f"copy{i}/{rel}" for i in range(times) for rel in rels]
+
+
+def cache_point(cluster: Cluster, export: Path, rels: list[str], larger: list[str], args: argparse.Namespace) -> dict:
+    """The cache rows (tools/bench_lazy.py), both readers, at ``--cache-link``."""
+    if args.cache_link:
+        cluster.shape(storage_link=args.cache_link)
+    point: dict[str, Any] = {"links": cluster.settings()}
+    stores = {"plain": (cluster.rank_path("shared/plain"), rels),
+              f"plain-x{args.scale}": (cluster.rank_path(f"shared/plain-x{args.scale}"), larger)}
+    for mode in MODES:
+        args.decode = mode == "decode"
+        lazy = lazy_rows(cluster, stores, args, args.repeat)
+        print_lazy(lazy, args.decode)
+        capacity = capacity_rows(cluster, export / "plain", "images", rels, args, args.repeat)
+        print_capacity(capacity, args.decode)
+        point[mode] = {"lazy": lazy, "capacity": capacity}
+    if args.cache_link:
+        cluster.shape(storage_link=args.storage_link)
+    return point
 
 
 def main() -> int:
@@ -264,6 +299,12 @@ def main() -> int:
     parser.add_argument("--no-local", dest="local", action="store_false", help="skip the no-network ceiling row")
     parser.add_argument("--plot", metavar="PNG", help="images/s and staging time against the storage link's rate")
     parser.add_argument("--replot", metavar="JSON", help="only draw --plot from an earlier run's --json")
+    parser.add_argument("--rows", choices=("all", "main", "cache"), default="all", help="main: the rows above; cache: "
+                        "only lazy staging and capacity (tools/bench_lazy.py); default all")
+    parser.add_argument("--batch", type=int, default=BATCH, help="cache rows: a node's first batch, files (default 64)")
+    parser.add_argument("--scale", type=int, default=4, help="cache rows: the larger store is the images this many "
+                        "times (default 4)")
+    parser.add_argument("--cache-link", help="cache rows: the storage link's rate for them (default --storage-link)")
     bl.common_args(parser)
     args = parser.parse_args()
     if args.replot:
@@ -279,10 +320,18 @@ def main() -> int:
         export.mkdir()
         rels, k, data = prepare(args, export)
         results.update(data)
-        print(f"{len(rels)} images, {data['image_MB']:.0f} MB; store {data['store_MB']:.0f} MB (progressive records), "
-              f"recommended K {k}", flush=True)
+        print(f"{len(rels)} images, {data['image_MB']:.0f} MB; store {data['store_MB']:.0f} MB"
+              + ("" if args.rows == "cache" else f" (progressive records), recommended K {k}"), flush=True)
+        if args.rows != "main":
+            larger = scaled(export, rels, args.scale)
         with emulated_cluster(args.nodes, args.link, args.storage_link, export=export, workdir=base) as cluster:
             bl.wait_for_quiet(timeout=120)
+            if args.rows != "main":
+                results["cache"] = cache_point(cluster, export, rels, larger, args)
+                if args.rows == "cache":
+                    results["load_after"] = bl.load_average()
+                    bl.write_json(args.json, results)
+                    return 0
             main_point = measure_point(cluster, export, rels, k, args, args.repeat)
             print_point(main_point)
             points = [main_point]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..util.units import human_size
-from .args import nonnegative_float, positive, print_json
+from .args import nonnegative_float, positive, positive_size, print_json
 from .presentation import add_presentation_options, note_to_stderr, presentation_values
 
 if TYPE_CHECKING:
@@ -65,6 +65,15 @@ def cmd_info(args: argparse.Namespace) -> int:
         if "staged" in info:
             staged = (label, placement.held_bytes(weights))
             info["placement"]["staged_node_bytes"] = staged[1].tolist()
+    figures = None
+    if args.capacity is not None:
+        import dataclasses
+
+        from ..cluster.capacity import CapacityFigures, plan_cache
+        from ..cluster.placement import place
+        plan = plan_cache(store.index, placement or place(store.index.blob_stored, 1, 1), presentation, args.capacity)
+        figures = CapacityFigures.of(plan, store.index.blob_stored, blobs_read(store.index, presentation))
+        info["capacity"] = dataclasses.asdict(figures)
     if args.json:
         print_json(info)
         return 0
@@ -77,6 +86,8 @@ def cmd_info(args: argparse.Namespace) -> int:
               + (f": staged there, a burst buffer holds {gain:.2f}x the files it holds at full" if gain else ""))
     if placement is not None:
         print(format_placement(placement, staged))
+    if figures is not None:
+        print(figures.format())
     return 0
 
 
@@ -119,6 +130,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--replicas", type=positive, default=1, help="with --nodes: copies of each shard (default 1)")
     add_presentation_options(p, what=". Shown: the bytes a job staged at this presentation holds (per node with "
                                   "--nodes), the burst-buffer capacity it gains")
+    p.add_argument("--capacity", type=positive_size, metavar="SIZE",
+                   help="also show what each node of a lazily staged job keeps with this much local disk (mount "
+                        "--stage lazy --capacity; with --nodes and --replicas), and the bytes read through each epoch")
 
     p = command("demo", cmd_demo, "pack, mount and read back a built-in sample dataset, then unmount")
     p.add_argument("--workdir", help="where to put the sample, store and mount (default: a temp dir)")

@@ -7,8 +7,9 @@ import os
 from collections.abc import Callable
 
 from ..errors import UsageError
-from .args import positive, size
+from .args import positive, positive_size, size
 from .presentation import add_presentation_options, as_text, known, presentation_values
+from .serve import add_stage_options
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -29,6 +30,10 @@ settings (environment; the options of 'job run' win):
   FANFS_MPI       srun's --mpi for the nodes' start-up (default pmi2; pmix for a PMIx MPI)
   FANFS_MOUNT     0: where FUSE is not allowed, mount nothing; each node serves its peers and the training
                   tasks read in-process: fsspec.filesystem("fanfs", job=True) (default 1)
+  FANFS_STAGE     full: each node copies its shards before training starts (default); lazy: training starts at
+                  once and a node copies a blob the first time it (or a peer) reads it
+  FANFS_CAPACITY  with FANFS_STAGE=lazy: local disk each node's cache may take (e.g. 200G); a store whose share
+                  does not fit is accepted, the rest is read through from the shared store (default: no limit)
 {settings}"""
 
 
@@ -56,9 +61,21 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     mount = os.environ.get("FANFS_MOUNT", "").strip() or "1"
     if mount not in ("0", "1"):
         raise UsageError(f"FANFS_MOUNT must be 1 (mount) or 0 (serve without a mount), not {mount!r}")
+    stage = args.stage or os.environ.get("FANFS_STAGE", "").strip() or "full"
+    if stage not in ("full", "lazy"):
+        raise UsageError(f"FANFS_STAGE must be full or lazy, not {stage!r}")
+    capacity = args.capacity
+    if capacity is None and os.environ.get("FANFS_CAPACITY", "").strip():
+        try:
+            capacity = positive_size(os.environ["FANFS_CAPACITY"].strip())
+        except argparse.ArgumentTypeError as err:
+            raise UsageError(f"FANFS_CAPACITY: {err}") from None
+    if capacity is not None and stage != "lazy":
+        raise UsageError("a capacity (FANFS_CAPACITY, --capacity) is the budget of a cache filled as the nodes read: "
+                         "set FANFS_STAGE=lazy too")
     settings = JobSettings(nodes=nodes, replicas=min(replicas, nodes), presentation=as_text(values),
                            cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2", workers=workers,
-                           mount=mount == "1" and not args.no_mount)
+                           mount=mount == "1" and not args.no_mount, stage=stage, capacity=capacity)
     for variable, value in ((LOCAL_VARIABLE, args.local), (MNT_VARIABLE, args.mountpoint)):
         if value:
             os.environ[variable] = value  # the steps inherit it
@@ -73,8 +90,10 @@ def cmd_job_serve(args: argparse.Namespace) -> int:
     values = presentation_values(args)
     options = MountOptions(cache_size=args.cache_size, workers=args.workers or default_workers(),
                            presentation=known(values))
+    if args.capacity is not None and args.stage != "lazy":
+        raise UsageError("--capacity is the budget of a cache filled as the node reads: add --stage lazy")
     serve_node(os.path.abspath(args.store), options, replicas=args.replicas, auto=unresolved(values),  # once for the job
-               mount_fuse=not args.no_mount)
+               mount_fuse=not args.no_mount, stage=args.stage or "full", capacity=args.capacity)
     return 0
 
 
@@ -102,6 +121,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                    "($FANFS_WORKERS; default: a quarter of the node's cores, 1 to 8)")
     p.add_argument("--no-mount", action="store_true", help="mount nothing: the tasks read in-process, "
                    "fsspec.filesystem('fanfs', job=True) (FANFS_MOUNT=0)")
+    p.add_argument("--stage", choices=("full", "lazy"), help="full: copy each node's shards before training; lazy: "
+                   "start at once, copy a blob when it is first read ($FANFS_STAGE; default full)")
+    p.add_argument("--capacity", type=positive_size, metavar="SIZE", help="with --stage lazy: local disk each node's "
+                   "cache may take; the rest is read through ($FANFS_CAPACITY; default: no limit)")
     p.add_argument("store", help="the store, on a file system every node sees")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command; '$FANFS_MNT' and "
                    "'${FANFS_MNT}' in it (quoted at submission) become the node's mount point ($FANFS_MNT_X stays)")
@@ -110,6 +133,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.set_defaults(func=cmd_job_serve)
     p.add_argument("store", help="the store, on a file system every node sees")
     p.add_argument("--no-mount", action="store_true", help="serve peers and in-process readers, mount nothing")
+    add_stage_options(p, stage="full")
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard across the nodes (default 1)")
     add_presentation_options(p)
     p.add_argument("--cache-size", type=size, default="1G", help="the mount's cache for decoded blobs (default 1G)")

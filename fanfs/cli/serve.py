@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import UsageError
 from ..serve.readahead import READAHEAD
@@ -24,6 +25,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     args.store, args.mountpoint = expand(args.store), expand(args.mountpoint)
     if args.local_dir is None and (args.stage or args.replicas != 1 or args.no_mount):
         raise UsageError("--stage, --replicas and --no-mount need --local-dir")
+    if args.capacity is not None and args.stage != "lazy":
+        raise UsageError("--capacity is the budget of a cache filled as the node reads: add --stage lazy")
     args.foreground = args.foreground or args.no_mount  # a node serving without a mount stays attached
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
@@ -35,7 +38,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         from ..cluster.node import mount_node
         from ..cluster.serving import NodeOptions
         node = NodeOptions(options, os.path.abspath(expand(args.local_dir)), replicas=args.replicas, stage=args.stage,
-                           auto=unresolved(values), peer_timeout=args.peer_timeout, serve_only=args.no_mount)
+                           capacity=args.capacity, auto=unresolved(values), peer_timeout=args.peer_timeout, serve_only=args.no_mount)
         pid = mount_node(os.path.abspath(args.store), os.path.abspath(args.mountpoint), node)
     else:
         from ..serve.daemon import mount
@@ -95,8 +98,13 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     from ..records import Presentation, settings, unresolved
     from ..serve.control import request
     values = presentation_values(args)
+    if not values and args.order is None:
+        raise UsageError("say what to change: " + " and/or ".join(f"{s.option} {s.metavar}" for s in settings())
+                         + " and/or --order FILE")
+    if args.order is not None:
+        _order(args.mountpoint, args.order, args.stream)
     if not values:
-        raise UsageError("say what to change: " + " and/or ".join(f"{s.option} {s.metavar}" for s in settings()))
+        return 0
     if unresolved(values):
         chosen = resolved(request(args.mountpoint, {"cmd": "status"})["store"], values)
         values = {name: chosen[name] for name in values}  # only what was asked: the others stay as they are
@@ -105,6 +113,18 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     print(f"{args.mountpoint}: {shown} for files opened from now on "
           f"({answer['invalidated']:,} cached names invalidated; files already open keep their bytes)")
     return 0
+
+
+def _order(mountpoint: str, path: str, stream: str) -> None:
+    """Give a lazily staged mount the order its readers will read in (``ctl --order``)."""
+    from ..serve.control import request
+    if not os.path.isfile(path):
+        raise UsageError(f"--order {path}: no such file (one path per line, an empty line between epochs)")
+    answer = request(mountpoint, {"cmd": "order", "path": os.path.abspath(path), "stream": stream}, timeout=600)
+    unknown = f"; {answer['unknown']:,} paths left out, not files of the store (e.g. {answer['example_unknown']})" \
+        if answer["unknown"] else ""
+    print(f"{mountpoint}: fetching ahead along {answer['files']:,} files in {answer['epochs']} epoch(s) "
+          f"(stream {answer['stream']}){unknown}")
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
@@ -183,7 +203,9 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
         names = stats.get("side_names", [])
         lines.append("per tier   " + "  ".join(f"{names[i] if i < len(names) else f'side {i + 1}'}: {human_size(b)}"
                                             for i, b in enumerate(stats["stored_by_side_layer"]) if b))
-    if "staged" in stats:
+    if "cache" in stats:
+        lines += _cache_lines(stats["cache"], stats.get("prefetch"))
+    elif "staged" in stats:
         staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
         lines.append(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
     if "cluster" in stats:
@@ -195,6 +217,43 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
         lines.append(f"served     {human_size(c['served_bytes'])} in {c['served_requests']:,} requests to peers "
                      f"({c['refused']} refused, {c['failed']} failed)")
     return lines
+
+
+STAGE_HELP = ("how this node gets its shards into --local-dir: 'full' (the default for a bare --stage) copies them "
+              "all first, only the layers its presentation reads (higher ones are then read from the shared store); "
+              "'lazy' serves at once and copies a blob the first time it is read (or a peer asks for it), so later "
+              "reads are local")
+CAPACITY_HELP = ("with --stage lazy: local disk this node's cache may take (e.g. 200G); a share of the store that "
+                 "does not fit is accepted: the node keeps what fits, a record's first layers before the rest, and "
+                 "reads the other blobs through from the shared store (default: all it holds)")
+
+
+def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
+    """``fanfs stats`` of a lazily staged node's cache: what it may hold and holds, hits, fetches, read-throughs; what
+    it fetched ahead of its readers (``ahead``, once it was given their order)."""
+    capacity = f"capacity {human_size(cache['capacity'])}" if cache["capacity"] is not None else "no capacity set"
+    lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its share, "
+             f"holds {human_size(cache['held_bytes'])} now ({human_size(cache['ahead_bytes'])} of it fetched ahead)",
+             f"           {cache['hit_blobs']:,} blobs read here ({human_size(cache['hit_bytes'])}), {cache['fills']:,} "
+             f"fetched and kept ({human_size(cache['fill_bytes'])}, {cache.get('peer_fills', 0):,} of them copied from "
+             f"a peer that fetched them from the shared store), "
+             f"{human_size(cache['read_through_bytes'])} read through"]
+    if cache["unkept"]:
+        lines.append(f"           {cache['unkept']:,} blobs could not be kept (the local directory was full: see the log)")
+    if ahead is not None:
+        streams = ", ".join(f"{name} at {s['position']:,} of {s['files']:,}" for name, s in ahead["streams"].items())
+        lines.append(f"ahead      {ahead['files']:,} files fetched ahead of the readers ({human_size(ahead['bytes'])}: "
+                     f"{ahead['kept_fills']:,} blobs kept, {ahead['from_peers']:,} from peers, {ahead['from_shared']:,} "
+                     f"from the shared store), {ahead['skipped']:,} read before their turn, {ahead['given_up']:,} "
+                     f"given up; order: {streams}")
+    return lines
+
+
+def add_stage_options(p: argparse.ArgumentParser, stage: Any = "") -> None:
+    """``--stage [full|lazy]`` and ``--capacity SIZE`` (mount, job serve)."""
+    p.add_argument("--stage", nargs="?", const="full", default=stage, choices=("full", "lazy"), metavar="full|lazy",
+                   help=STAGE_HELP)
+    p.add_argument("--capacity", type=positive_size, metavar="SIZE", help=CAPACITY_HELP)
 
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
@@ -209,8 +268,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--local-dir", metavar="DIR", help="this node's staged shards (see 'fanfs stage'); under "
                    "mpiexec/srun, peers serve the shards this node lacks over TCP (needs --foreground)")
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard in the job (default 1)")
-    p.add_argument("--stage", action="store_true", help="stage this node's shards into --local-dir first, only the "
-                   "layers its presentation reads (higher ones are then read from the shared store)")
+    add_stage_options(p)
     p.add_argument("--workers", type=positive, default=None, metavar="N",
                    help=f"serving processes (default: a quarter of this node's cores, 1 to 8: {default_workers()} "
                         "here); 1 serves from one loop in the daemon itself")
@@ -244,9 +302,15 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("mountpoint", help="the mount point 'fanfs mount' was given")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
 
-    p = command("ctl", cmd_ctl, "change a running mount's presentation settings (files opened afterwards get them)")
+    p = command("ctl", cmd_ctl, "change a running mount's presentation settings (files opened afterwards get them), "
+                "or tell a lazily staged mount the order its readers will read in")
     p.add_argument("mountpoint", help="a running fanfs mount")
     add_presentation_options(p, default=None)
+    p.add_argument("--order", metavar="FILE", help="with --stage lazy: the paths the readers of this node will open, "
+                   "one per line in their order, an empty line between epochs (relative to the mount, or under it); "
+                   "the node then fetches the blobs of the next files ahead of them, from peers or the shared store")
+    p.add_argument("--stream", default="ctl", metavar="NAME", help="with --order: whose order it is (one per reader "
+                   "process of the node that tells its own; a new order of the same name replaces it; default ctl)")
 
     p = command("fidelity", cmd_fidelity, "measure bytes, SSIM/MS-SSIM and decode speed per fidelity K on sampled "
                 "JPEG records")

@@ -50,6 +50,8 @@ class JobSettings:
     mpi: str = "pmi2"  # srun's PMI for the serve step's MPI start-up
     workers: int | None = None  # serving processes of each node's mount (None: the node's default)
     mount: bool = True  # False: the nodes serve without a mount (their tasks read in-process)
+    stage: str = "full"  # "lazy": the nodes serve at once and fill their caches as they read
+    capacity: int | None = None  # lazy: local disk each node's cache may take
 
     def serve_command(self, fanfs: Sequence[str], store: str) -> list[str]:
         return ["srun", f"--nodes={self.nodes}", f"--ntasks={self.nodes}", "--ntasks-per-node=1", "--overlap",
@@ -57,7 +59,8 @@ class JobSettings:
                 *fanfs, "job", "serve", store, "--replicas", str(self.replicas),
                 *(argument for name, text in self.presentation.items() for argument in (setting(name).option, text)),
                 "--cache-size", str(self.cache_size), *(["--workers", str(self.workers)] if self.workers else []),
-                *([] if self.mount else ["--no-mount"])]
+                *([] if self.mount else ["--no-mount"]), "--stage", self.stage,
+                *(["--capacity", str(self.capacity)] if self.capacity is not None else [])]
 
 
 class _Relay:

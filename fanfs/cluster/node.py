@@ -34,7 +34,9 @@ from ..store.index import Index
 from ..util.mounts import mounted, unmount
 from ..util.runtime import private_dir
 from .handoff import Handoff
-from .nodeview import node_dir, withdraw
+from .lazy import LazyShare, lazy_stats
+from .nodeview import node_dir, node_store, withdraw
+from .prefetch import follow_orders
 from .placement import Placement, place
 from .serving import NodeOptions, Plan, daemon_main
 from .stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
@@ -115,6 +117,20 @@ def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: M
     options = _resolved(options, world, store_root, index)
     check_presentation(index, options.mount.presentation)
     staged = _stage_if_asked(store_root, options, world, index)
+    if options.stage == "lazy":
+        node = node_store(store_root, index, 0, 1, 1, options.local_dir, staged, None, options.mount.cache_size,
+                          lazy=True, capacity=options.capacity, owner=True)
+        share = node.share
+        assert isinstance(share, LazyShare)
+        prefetcher, commands = follow_orders(node.store, share, [], staged, mountpoint)
+        hooks = Hooks(counters=share.local.counters, commands=commands,
+                      extra_stats=lambda counters: {**staged_stats(share, counters["by_source"]),
+                                                    **lazy_stats(share, counters, prefetcher)},
+                      on_present=lambda presentation: setattr(prefetcher, "presentation", presentation))
+        try:
+            return start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
+        finally:
+            prefetcher.close()
     placement = place(index.blob_stored, 1, 1)
     share = staged_share(store_root, options.local_dir, index, staged, placement.held(0))
     missing = missing_shards(options.local_dir, placement, 0, index, share.staged)
@@ -132,7 +148,10 @@ def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: M
 
 
 def _stage_if_asked(store_root: str, options: NodeOptions, world: World, index: Index) -> Presentation:
-    """Stage at the mount's presentation if asked (collective); the presentation the local copies hold."""
+    """Stage at the mount's presentation if asked (collective); the presentation the local copies hold (lazily: the
+    one whose blobs the cache keeps first)."""
+    if options.stage == "lazy":
+        return options.mount.presentation
     if options.stage:
         report = stage(store_root, options.local_dir, options.replicas, world, index,
                        presentation=options.mount.presentation)
@@ -180,7 +199,8 @@ def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOp
         world.agree(_problem(lambda: check_presentation(index, options.mount.presentation)))
         staged = _stage_if_asked(store_root, options, world, index)
         placement = place(index.blob_stored, world.size, options.replicas)
-        missing = missing_shards(options.local_dir, placement, world.rank, index, blobs_read(index, staged))
+        missing = [] if options.stage == "lazy" else \
+            missing_shards(options.local_dir, placement, world.rank, index, blobs_read(index, staged))
         if missing:
             log.warning("%s: %d shard copies of this node are missing or incomplete (first: %s); their reads go "
                         "to replicas", options.local_dir, len(missing), shard_name(missing[0]))

@@ -28,7 +28,8 @@ from ..store.index import Index
 from ..util.files import read_regular
 from ..util.runtime import create_private, private_dir
 from ..util.workers import pid_alive
-from .peer import PeerClient, RemoteBlobs, remote_sources
+from .lazy import FirstHolderFirst, cached_is_local, lazy_share
+from .peer import PeerClient, RemoteBlobs, StagedBlobs, remote_sources
 from .peerwire import NodeKey
 from .placement import Placement, place
 from .stage import StagedShare, staged_share
@@ -47,21 +48,34 @@ class NodeStore:
     share: StagedShare
     remotes: list[RemoteBlobs]
     placement: Placement
-    client: PeerClient
+    client: PeerClient | None
 
 
 def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: int, local_dir: str,
-               staged: Presentation, client: PeerClient, cache_size: int) -> NodeStore:
-    """Node ``rank``'s store: the blobs placement gives it from ``local_dir`` (staged at ``staged``), the
-    others from their holders through ``client``, layers no node staged from the shared store."""
+               staged: Presentation, client: PeerClient | None, cache_size: int, *, lazy: bool = False,
+               capacity: int | None = None, owner: bool = False) -> NodeStore:
+    """Node ``rank``'s store: the blobs placement gives it from ``local_dir`` (staged at ``staged``), the others from
+    their holders through ``client`` (None: a node alone), layers no node staged from the shared store.  ``lazy``:
+    ``local_dir`` is a cache the node fills as it reads, within ``capacity`` (:mod:`.lazy`; ``staged`` is the
+    presentation whose blobs it keeps first, every blob not kept is read through); ``owner``: built by the node's
+    serving daemon, not by an in-process reader."""
     placement = place(index.blob_stored, nodes, replicas)
-    share = staged_share(store_root, local_dir, index, staged, placement.held(rank))
-    remotes = remote_sources(client, placement, share.staged)
     first, count = index.first, index.count
+    share: StagedShare
+    if lazy:
+        share = lazy_share(store_root, local_dir, index, placement, rank, staged, capacity, owner)
+        assert share.plan is not None and share.cache is not None
+        remotes = remote_sources(client, placement, share.plan, mine=share.local.held) if client else []
+        if client:
+            share.local.shared = FirstHolderFirst(share.shared, client, placement, share.plan, index.blob_checksum)
+        is_local = cached_is_local(lambda: store, share.cache)
+    else:
+        share = staged_share(store_root, local_dir, index, staged, placement.held(rank))
+        remotes = remote_sources(client, placement, StagedBlobs(share.staged)) if client else []
 
-    def is_local(entry: int, view: int) -> bool:  # the staged layers of this node serve it
-        return placement.holds_range(rank, int(first[entry]), int(count[entry])) \
-            and store.kind(entry).reads_within(view, store.view(entry, staged))
+        def is_local(entry: int, view: int) -> bool:  # the staged layers of this node serve it
+            return placement.holds_range(rank, int(first[entry]), int(count[entry])) \
+                and store.kind(entry).reads_within(view, store.view(entry, staged))
 
     store = Store(store_root, cache_size=cache_size, sources=[share.local, *remotes, share.shared],
                   check_shards=False, index=index, is_local=is_local)
@@ -115,6 +129,8 @@ def open_node(directory: str | os.PathLike, cache_size: int) -> NodeStore:
         publics = [bytes.fromhex(public) for public in facts["publics"]]
         endpoints = [(str(host), int(port)) for host, port in facts["endpoints"]]
         key = NodeKey(private)
+        lazy, capacity = facts.get("stage") == "lazy", facts.get("capacity")
+        capacity = None if capacity is None else int(capacity)
     except (KeyError, TypeError, ValueError) as err:
         raise FanfsError(f"{directory}: a malformed node view ({err})") from None
     if not pid_alive(pid):
@@ -127,7 +143,7 @@ def open_node(directory: str | os.PathLike, cache_size: int) -> NodeStore:
     client = PeerClient(endpoints, publics, rank, key, bytes.fromhex(facts["store_id"]), index.blob_stored,
                         float(facts["peer_timeout"]))
     return node_store(store_root, index, rank, len(endpoints), int(facts["replicas"]), str(facts["local_dir"]),
-                      Presentation(facts["staged"]), client, cache_size)
+                      Presentation(facts["staged"]), client, cache_size, lazy=lazy, capacity=capacity)
 
 
 def _write(path: str, data: bytes) -> None:

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
 
@@ -206,42 +207,71 @@ class PeerClient:
                 "remote_latency_max_ms": round(self.latency_max * 1e3, 3)}
 
 
+class Kept(Protocol):
+    """Which blobs a holder has for its peers (of those placement gives it)."""
+
+    def keeps(self, node: int, blob: int) -> bool: ...
+
+    def keeps_run(self, node: int, first: int, count: int) -> bool: ...
+
+
+class StagedBlobs:
+    """A staged job's holders: every blob placement gives them, of the layers the job staged (``staged``, a bool per
+    blob); the rest is no node's."""
+
+    def __init__(self, staged: np.ndarray) -> None:
+        self.staged = staged
+
+    def keeps(self, node: int, blob: int) -> bool:
+        return bool(self.staged[blob])
+
+    def keeps_run(self, node: int, first: int, count: int) -> bool:
+        return bool(self.staged[first:first + count].all())
+
+
 class RemoteBlobs(ShardSource):
-    """The ``choice``-th holder (in this reader's order) of a blob, other than this node.
+    """The ``choice``-th holder (in this reader's order) of a blob, among those other than this node that keep it.
 
     One source per choice, so that the store checks each holder's copy on its own and a bad or missing
-    copy at one holder falls through to the next, like a bad local copy does.
+    copy at one holder falls through to the next, like a bad local copy does.  ``mine`` (a bool per blob): what
+    this node keeps itself, never fetched from a peer a run at a time (this node's cache fetches it); given, the
+    job is lazily staged and every reader asks a blob's holders in the same order (:meth:`Placement.in_turn`), so
+    that the first of them fetches it from the shared store once, not each holder it would spread the reads to.
     """
 
-    def __init__(self, client: PeerClient, placement: Placement, staged: np.ndarray, choice: int) -> None:
+    def __init__(self, client: PeerClient, placement: Placement, kept: Kept, choice: int,
+                 mine: np.ndarray | None = None) -> None:
         self.client = client
         self.placement = placement
-        self.staged = staged
+        self.kept = kept
         self.choice = choice
+        self.mine = mine
+        self.spread = mine is None
         self.name = f"peer#{choice + 1}"
 
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
-        if not self.staged[blob]:
-            raise NotHeld(f"blob {blob} is in a layer no node staged")
-        holders = self.placement.remote_holders(blob, self.client.rank)
+        holders = [h for h in self.placement.remote_holders(blob, self.client.rank, self.spread)
+                   if self.kept.keeps(h, blob)]
         if self.choice >= len(holders):
-            raise NotHeld(f"blob {blob} has no further holder")
+            raise NotHeld(f"blob {blob} has no further holder that keeps it")
         return self.client.read(holders[self.choice], blob)
 
     def read_run(self, first: int, count: int) -> bytes:
         """Blobs ``first .. first + count - 1`` of one file from this choice of holder, back to back, in one round
         trip (NotHeld as :meth:`read`; the store splits and checks them)."""
-        if not self.staged[first:first + count].all():
-            raise NotHeld(f"blobs {first}+{count} are not all in layers a node staged")
+        if self.mine is not None and self.mine[first:first + count].any():
+            raise NotHeld(f"blobs {first}+{count}: this node keeps some of them")
         if self.placement.primary(first) != self.placement.primary(first + count - 1):
             raise NotHeld(f"blobs {first}+{count} lie at the edge of two nodes' ranges")
-        holders = self.placement.remote_holders(first, self.client.rank)
+        holders = [h for h in self.placement.remote_holders(first, self.client.rank, self.spread)
+                   if self.kept.keeps_run(h, first, count)]
         if self.choice >= len(holders):
-            raise NotHeld(f"blob {first} has no further holder")
+            raise NotHeld(f"blobs {first}+{count} have no further holder that keeps them all")
         return self.client.read(holders[self.choice], first, count)
 
 
-def remote_sources(client: PeerClient, placement: Placement, staged: np.ndarray) -> list[RemoteBlobs]:
-    """Sources for every other holder a blob can have (a node that holds none has ``replicas`` of them);
-    ``staged``: the blobs the job staged (a bool per blob), the only ones a peer can have."""
-    return [RemoteBlobs(client, placement, staged, choice) for choice in range(placement.replicas)]
+def remote_sources(client: PeerClient, placement: Placement, kept: Kept,
+                   mine: np.ndarray | None = None) -> list[RemoteBlobs]:
+    """Sources for every other holder a blob can have (a node that holds none has ``replicas`` of them); ``kept``:
+    which blobs a holder has for its peers (:class:`StagedBlobs` for a staged job, a cache plan for a lazy one)."""
+    return [RemoteBlobs(client, placement, kept, choice, mine) for choice in range(placement.replicas)]

@@ -11,7 +11,8 @@ every node's load equal to within one blob, whatever the shards; in the layer-ma
 blobs of a shard are one byte range per layer, which it stages into a sparse local copy of the shard.
 Contiguous ranges keep a file on one node (but for the few at a range's edge), and replicas on
 distinct nodes follow from the rotation.  A reader asks the holders of a blob in an order rotated by
-its own rank and the blob number, spreading remote load over replicas.
+its own rank and the blob number, spreading remote load over replicas; in a lazily staged job by the blob
+number alone, so that every reader asks the same holder first and that one fetches it from the shared store.
 """
 
 from __future__ import annotations
@@ -79,11 +80,17 @@ class Placement:
         primary = total[self.bounds[1:]] - total[self.bounds[:-1]]
         return np.asarray(sum(np.roll(primary, k) for k in range(self.replicas)), np.int64)
 
-    def remote_holders(self, blob: int, reader: int) -> list[int]:
-        """Holders other than ``reader``, in the order ``reader`` should ask them."""
+    def in_turn(self, blob: int, reader: int = 0) -> list[int]:
+        """The holders of ``blob`` in the order a reader of rank ``reader`` asks them: rotated by the reader and the
+        blob (``reader`` 0 for an order every reader shares, rotated by the blob alone)."""
         row = self.holders(blob)
         start = (reader + blob) % len(row)
-        return [node for node in row[start:] + row[:start] if node != reader]
+        return row[start:] + row[:start]
+
+    def remote_holders(self, blob: int, reader: int, spread: bool = True) -> list[int]:
+        """Holders other than ``reader``, in the order ``reader`` should ask them (``spread``: an order of its own;
+        else the order every reader shares)."""
+        return [node for node in self.in_turn(blob, reader if spread else 0) if node != reader]
 
 
 def place(blob_bytes: np.ndarray, nodes: int, replicas: int) -> Placement:

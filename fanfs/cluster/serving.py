@@ -34,6 +34,8 @@ from .nodeview import NodeStore, node_store, publish, withdraw
 from .peer import PeerClient, listen, peer_host
 from .peerserver import PeerServer
 from .peerwire import NodeKey
+from .lazy import LazyShare, lazy_stats
+from .prefetch import follow_orders
 from .stage import staged_stats
 
 log = logging.getLogger("fanfs")
@@ -46,7 +48,8 @@ class NodeOptions:
     mount: MountOptions
     local_dir: str
     replicas: int = 1
-    stage: bool = False  # stage the node's share into local_dir first
+    stage: str = ""  # "full": stage the node's share into local_dir first; "lazy": a cache filled as the node reads
+    capacity: int | None = None  # lazy: bytes of local_dir the node's cache may take (None: all it holds)
     auto: dict[str, Auto] = field(default_factory=dict)  # settings the store decides (auto:SSIM): once, by rank 0
     peer_timeout: float = 5.0
     job_node: str | None = None  # a Slurm job's node name (fanfs.cluster.job): the daemon ends with its task
@@ -138,12 +141,15 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
     rank = plan.rank
     client = PeerClient(plan.endpoints, plan.publics, rank, key, store_id, index.blob_stored, options.peer_timeout)
     node = node_store(plan.store_root, index, rank, plan.nodes, options.replicas, options.local_dir, plan.staged,
-                      client, options.mount.cache_size)
+                      client, options.mount.cache_size, lazy=options.stage == "lazy", capacity=options.capacity,
+                      owner=True)
     share, remotes, placement = node.share, node.remotes, node.placement
     wake = os.pipe() if options.serve_only else None  # a node serving without a mount waits on it for its end
     stopper = Stopper(mountpoint, (lambda: os.write(wake[1], b"e")) if wake else None)
     server = PeerServer(listener, index, share.local, key, plan.publics, rank, store_id,
                         on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
+    prefetcher, commands = follow_orders(node.store, share, remotes, options.mount.presentation, mountpoint) \
+        if isinstance(share, LazyShare) else (None, {})
 
     def ready() -> None:
         stopper.serving()
@@ -157,6 +163,7 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
         by_source = counters["by_source"]
         requests = counters["remote_requests"]
         return {**staged_stats(share, by_source),
+                **(lazy_stats(share, counters, prefetcher) if isinstance(share, LazyShare) else {}),
                 "cluster": {"rank": rank, "nodes": placement.nodes, "replicas": placement.replicas,
                             "peer_address": list(server.address),
                             "local_blobs": int(placement.node_blobs[rank]),
@@ -166,13 +173,19 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
                             "remote_latency_mean_ms": round(counters["remote_latency_total_ms"] / max(1, requests), 3),
                             **server.stats()}}
 
-    hooks = Hooks(on_ready=ready, serving=server.start, counters=client.counters, extra_stats=stats)
+    def counters() -> Counters:  # kept in each serving process
+        return {**client.counters(), **(share.local.counters() if isinstance(share, LazyShare) else {})}
+
+    hooks = Hooks(on_ready=ready, serving=server.start, counters=counters, extra_stats=stats, commands=commands,
+                  on_present=prefetcher and (lambda presentation: setattr(prefetcher, "presentation", presentation)))
     try:
         if wake is not None:
-            _serve_without_mount(plan, node, mountpoint, key, server, ready, stats, wake)
+            _serve_without_mount(plan, node, mountpoint, key, server, hooks, wake)
         else:
             start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
     finally:
+        if prefetcher is not None:
+            prefetcher.close()
         stopper.ended()
         client.say_bye()
         server.close()
@@ -180,40 +193,43 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
             os.close(fd)
 
 
-def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeKey, server: PeerServer,
-                         ready: Callable[[], None], stats: Callable[[Counters], dict[str, Any]],
+def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeKey, server: PeerServer, hooks: Hooks,
                          wake: tuple[int, int]) -> None:
     """Serve peers, and publish the node's view in ``directory``, until a stop signal or a peer's BYE (either
     writes to the pipe ``wake``); ``fanfs stats DIRECTORY`` answers meanwhile (with the node's own reads:
-    none, its in-process readers count theirs)."""
+    none, its in-process readers count theirs), and the hooks' commands (a lazily staged node's orders)."""
+    assert hooks.on_ready is not None and hooks.extra_stats is not None
     wake_r, wake_w = wake
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: os.write(wake_w, b"s"))  # a write only: no lock in a handler
     store = node.store
 
     def counters() -> Counters:
-        return {**store.stats.as_dict(), **node.client.counters()}
+        assert node.client is not None
+        return {**store.stats.as_dict(), **node.client.counters(),
+                **(node.share.local.counters() if isinstance(node.share, LazyShare) else {})}
 
     def answer_stats(message: dict[str, Any]) -> dict[str, Any]:
         summed = counters()
         return {"store": store.root, "node_dir": directory, **plan.options.mount.presentation, "workers": 1,
-                "reads_by_process": [summed["reads"]], **summed, **stats(summed)}
+                "reads_by_process": [summed["reads"]], **summed, **hooks.extra_stats(summed)}  # type: ignore[misc]
 
     control = ControlServer(directory, {
         "status": lambda m: {"pid": os.getpid(), "store": store.root, "node": directory,
                              **plan.options.mount.presentation},
-        "stats": answer_stats})
+        "stats": answer_stats, **hooks.commands})
     try:
         server.start()
         control.start()
         publish(directory, key, {"store": plan.store_root, "store_id": store.meta["store_id"], "rank": plan.rank,
                                  "replicas": plan.options.replicas, "local_dir": plan.options.local_dir,
+                                 "stage": plan.options.stage, "capacity": plan.options.capacity,
                                  "staged": dict(plan.staged), "endpoints": plan.endpoints,
                                  "publics": [public.hex() for public in plan.publics],
                                  "peer_timeout": plan.options.peer_timeout})
         log.info("serving %s to peers and to in-process readers through %s (pid %d, no mount)", store.root,
                  directory, os.getpid())
-        ready()
+        hooks.on_ready()
         reason = os.read(wake_r, 1)
         log.info("stopped by %s", "a signal" if reason == b"s" else "the job's end")
     finally:

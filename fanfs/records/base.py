@@ -177,6 +177,13 @@ class RecordKind:
         node stages for a job at that presentation.  By default all of them."""
         return expand(index.first[entries], index.count[entries])[0]
 
+    def blob_ranks(self, index: Columns, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The blobs of ``entries`` (files of this kind) and how late each comes in its record: 0 for a blob every
+        view reads, a layer's number for a refinement, more for a side layer.  A node short of room keeps a
+        record's prefix before its tail.  By default every blob is 0."""
+        blobs = expand(index.first[entries], index.count[entries])[0]
+        return blobs, np.zeros(blobs.size, np.int64)
+
     # --- what an index must hold ---------------------------------------------------------------
 
     def check(self, index: Columns, entries: np.ndarray) -> str | None:
@@ -339,6 +346,18 @@ def blobs_read(index: Columns, presentation: Presentation) -> np.ndarray:
         if entries.size:
             needed[kind.blobs_read(index, entries, presentation)] = True
     return needed
+
+
+def blob_ranks(index: Columns) -> np.ndarray:
+    """How late each blob of the store comes in its record (:meth:`RecordKind.blob_ranks`), one int per blob."""
+    ranks = np.zeros(index.blob_raw.size, np.int64)
+    files = np.flatnonzero(index.type == 1)
+    for kind_id, kind in _REGISTRY.items():
+        entries = files[index.record[files] == kind_id]
+        if entries.size:
+            blobs, rank = kind.blob_ranks(index, entries)
+            ranks[blobs] = rank
+    return ranks
 
 
 

@@ -60,6 +60,10 @@ class Hooks:
     """Counters kept in each serving process (summed over them for ``fanfs stats``)."""
     extra_stats: Callable[[Counters], dict[str, Any]] | None = None
     """What to add to the "stats" answer, given the summed counters."""
+    commands: dict[str, control.Handler] = field(default_factory=dict)
+    """More requests the control socket answers (a lazily staged node: "order")."""
+    on_present: Callable[[Presentation], None] | None = None
+    """The presentation was switched (in the control thread, once the switch is done)."""
 
 
 def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
@@ -221,7 +225,10 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
         unknown = set(settings) - set(Presentation.NAMES)
         if unknown or not settings:
             raise ValueError(f"a presentation sets {', '.join(Presentation.NAMES)}; got {sorted(settings)}")
-        return fs.set_presentation(fs.presentation.replace(**settings))
+        answer = fs.set_presentation(fs.presentation.replace(**settings))
+        if hooks.on_present is not None:
+            hooks.on_present(fs.presentation)
+        return answer
 
     fs = FanfsFS(store, options.presentation, ready)
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
@@ -230,6 +237,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
                              "workers": options.workers, "readahead": fs.readahead(), **fs.presentation},
         "stats": stats,
         "present": present,
+        **hooks.commands,
     })
     try:
         ended_by = serve(store, mountpoint, fs, allow_other=options.allow_other, debug=options.debug,

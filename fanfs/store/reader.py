@@ -191,6 +191,7 @@ class Store:
                 return data
             problems.append(f"{source.name}: checksum mismatch" if len(data) == length else
                             f"{source.name}: short read ({len(data)} of {length} bytes)")
+            source.rejected(blob)
         raise self.fault(entry, blob, f"no good copy ({'; '.join(problems) or 'no source holds it'})")
 
     def _fetch_run(self, first: int, count: int) -> dict[int, tuple[bytes, str]]:

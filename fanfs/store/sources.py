@@ -29,6 +29,9 @@ class ShardSource:
         """The stored bytes of ``blob``: ``length`` bytes at ``offset`` of ``shard``."""
         raise NotImplementedError
 
+    def rejected(self, blob: int) -> None:
+        """The bytes this source gave for ``blob`` failed the store's check (a cache drops its copy)."""
+
     def close(self) -> None:
         pass
 
@@ -41,13 +44,16 @@ class LocalShards(ShardSource):
     """Shard files in a directory (``STORE/shards`` or a node-local staging directory).
 
     A shard file is opened once (as a regular file: never a FIFO or device planted in its place),
-    its header checked against the store, and kept open.
+    its header checked against the store, and kept open.  ``scattered``: reads will be single blobs here and
+    there (a cache's fills and read-throughs), so the kernel reads no further ahead than asked: on a network
+    file system its read-ahead would fetch bytes nobody reads.
     """
 
-    def __init__(self, directory: str, store_id: bytes) -> None:
+    def __init__(self, directory: str, store_id: bytes, scattered: bool = False) -> None:
         self.directory = directory
         self.name = directory
         self._store_id = store_id
+        self._scattered = scattered
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -66,6 +72,8 @@ class LocalShards(ShardSource):
                     except StoreError:
                         os.close(fd)
                         raise
+                    if self._scattered:
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                     self._fds[shard] = fd
         return fd
 
@@ -86,8 +94,9 @@ class HeldShards(LocalShards):
     """Shard files holding only the blobs marked in ``held`` (a bool per blob): a node's staged share,
     or the shared store for the layers no node staged.  Other blobs are NotHeld: the store asks on."""
 
-    def __init__(self, directory: str, store_id: bytes, held: np.ndarray, name: str | None = None) -> None:
-        super().__init__(directory, store_id)
+    def __init__(self, directory: str, store_id: bytes, held: np.ndarray, name: str | None = None,
+                 scattered: bool = False) -> None:
+        super().__init__(directory, store_id, scattered)
         self.held = held
         self.name = name or directory
 

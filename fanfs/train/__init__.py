@@ -1,4 +1,5 @@
-"""Fidelity chosen by the training (PyTorch): PCR's gradient test and a schedule that raises fidelity.
+"""Fidelity chosen by the training (PyTorch): PCR's gradient test and a schedule that raises fidelity; and a
+sampler that tells a lazily staged mount the order it will read in (:class:`OrderSampler`).
 
 Both talk to a running mount through its control socket, so the training's own ``Dataset`` and
 ``DataLoader`` (workers included) stay unmodified: files opened after a switch get the new fidelity.
@@ -8,5 +9,6 @@ torch is imported only when a function needs it (``pip install torch==2.13.0``, 
 
 from .gradient import FidelityChoice, choose_fidelity
 from .fidelity_schedule import fidelity_levels, fidelity_schedule
+from .order import OrderSampler
 
-__all__ = ["FidelityChoice", "choose_fidelity", "fidelity_levels", "fidelity_schedule"]
+__all__ = ["FidelityChoice", "OrderSampler", "choose_fidelity", "fidelity_levels", "fidelity_schedule"]

@@ -7,7 +7,7 @@ the extra arguments exactly as received, the mount's fidelity and serving proces
 with ``--source``, that every file under the mount has the source's bytes; with ``--images``, that
 every JPEG that Pillow can open in the source decodes through the mount, at the source's size.  With ``--in-process``
 the source's files are read in-process instead (``fsspec.filesystem("fanfs", job=True)``: the job's nodes serve
-without a mount) and the report has the reader's requests to peers.  Then sleeps and exits as asked (a long
+without a mount) and the report has the reader's requests to peers; and, read after the checks, a lazily staged node's cache figures.  Then sleeps and exits as asked (a long
 training step to cancel, a failing one).
 """
 
@@ -73,6 +73,8 @@ for top in filter(None, [args.source, args.images]):
                 report["images"] += 1
 if fs is not None:
     report["remote_requests"] = fs.stats()["remote_requests"]
+after = subprocess.run([sys.executable, "-m", "fanfs", "stats", args.mnt, "--json"], capture_output=True, text=True)
+report["cache"] = json.loads(after.stdout).get("cache") if after.returncode == 0 else None  # a lazily staged node's
 with open(os.path.join(args.out, f"{node}-{task}.json"), "w") as f:
     json.dump(report, f)
 time.sleep(args.sleep)

@@ -117,6 +117,13 @@ class JpegRecords(RecordKind):
             return np.concatenate([whole, first[tiered] + layers[tiered] + _slot(index, value)])
         return expand(first, np.minimum(layers, value))[0]
 
+    def blob_ranks(self, index: Columns, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Scan i is rank i; a tier comes after every scan (``SIDE_LAYER`` + its slot)."""
+        first, layers = index.first[entries].astype(np.int64), index.layers[entries].astype(np.int64)
+        blobs, owner = expand(first, index.count[entries])
+        position = blobs - first[owner]
+        return blobs, np.where(position < layers[owner], position, SIDE_LAYER + position - layers[owner])
+
     def size(self, reader: Reader, entry: int, view: int) -> int:
         ix = reader.index
         if is_tier(view) and (blob := _tier_blob(ix, entry, view)) >= 0:  # else (a view no kind gave it): whole

@@ -1,0 +1,148 @@
+"""A node of a lazily staged job (``--stage lazy``): it serves at once and fills its cache as it reads.
+
+Nothing is copied before the mount serves.  A node's first read of a blob it keeps (:mod:`.capacity`: those
+placement gives it, within its ``--capacity``) copies the blob from the shared store into the node's cache
+(:class:`fanfs.store.localcache.DiskCache`), checked; later reads are local, and a peer that asks for such a blob
+before the node has read it gets it fetched then; another holder copies it from the first (:class:`FirstHolderFirst`).
+So the shared file system is read once per kept blob per job, replicas or not, and nobody waits for a copy of the
+whole dataset.  A blob no node keeps is read through from the
+shared store each time; the cache stays within the capacity.  A crash or a second mount resumes from what the
+cache holds (:meth:`~fanfs.store.localcache.DiskCache.recover`).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import FanfsError
+from ..records import Presentation
+from ..store import Store
+from ..store.format import SHARD_DIR
+from ..store.index import Index
+from ..store.localcache import AHEAD, KEPT, SPENT, CachedShards, DiskCache
+from ..store.sources import HeldShards, ShardSource
+from ..util.checksum import checksum
+from ..util.units import human_size
+from .capacity import CachePlan, plan_cache
+from .placement import Placement
+from .stage import StagedShare, make_local_dir
+
+if TYPE_CHECKING:
+    from .peer import PeerClient
+
+log = logging.getLogger("fanfs")
+
+EVERY_BYTE = 1 << 62  # a read's size that covers any file
+
+
+@dataclass
+class LazyShare(StagedShare):
+    """A lazily staged node's sources: its cache (``local``), the shared store read through (``shared``); and what
+    the node keeps (``plan``), its cache files, and the byte per blob its readers touch (the daemon's only)."""
+
+    plan: CachePlan | None = None
+    cache: DiskCache | None = None
+    touched: np.ndarray | None = None  # per blob, the tick of its last read by this node
+
+
+def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placement, rank: int,
+               presentation: Presentation, capacity: int | None, owner: bool) -> LazyShare:
+    """Node ``rank``'s share of a lazily staged job.  ``owner``: the node's serving daemon (it makes the local
+    directory, starts or resumes the cache, and has its readers' touches seen); else an in-process reader."""
+    store_id = bytes.fromhex(index.meta["store_id"])
+    plan = plan_cache(index, placement, presentation, capacity)
+    keep = plan.kept(rank)
+    blobs = index.blob_stored.size
+    shared = HeldShards(os.path.join(store_root, SHARD_DIR), store_id, np.ones(blobs, bool), name="shared store",
+                        scattered=True)
+    if owner:
+        make_local_dir(local_dir)
+    cache = DiskCache(local_dir, index, store_id, owner=owner)
+    touched = None
+    if owner:
+        dropped = cache.recover(keep)
+        held = cache.held_bytes()
+        log.info("cache in %s: %s held from before%s; keeps up to %s of the %s this node holds", local_dir,
+                 human_size(held), f" ({dropped:,} blobs dropped: cut short, fetched ahead, or now over the budget)"
+                 if dropped else "", human_size(int(plan.footprint[keep].sum())),
+                 human_size(int(plan.footprint[placement.held(rank)].sum())))
+        _warn_if_short(local_dir, int(plan.footprint[keep].sum()) + plan.window - held, capacity)
+        touched = np.frombuffer(mmap.mmap(-1, max(4, 4 * blobs)), np.uint32, blobs)  # shared with the serving processes
+    local = CachedShards(cache, keep, shared, local_dir, memoryview(touched) if touched is not None else None)
+    return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, touched)  # type: ignore[arg-type]
+
+
+class FirstHolderFirst(ShardSource):
+    """Where a node's cache fetches a blob it keeps: from the blob's first holder that keeps it, in the order every
+    reader asks its holders (:meth:`Placement.in_turn`), when that is a peer (which fetches it from the shared store
+    if it has not yet); from the shared store when it is this node, or the peer fails or gives a bad copy.  So with
+    replicas the shared store is still read once per kept blob per job: the other holders copy it over the nodes'
+    links, which a shared file system's one link is not."""
+
+    def __init__(self, shared: ShardSource, client: "PeerClient", placement: Placement, plan: CachePlan,
+                 checksums: np.ndarray) -> None:
+        self.shared, self.client, self.placement, self.plan = shared, client, placement, plan
+        self._checksum = memoryview(checksums)
+        self.name = shared.name
+        self.fill_counts = {"peer_fills": 0, "peer_fill_bytes": 0}  # in this process: copies a peer gave
+
+    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        holder = next((h for h in self.placement.in_turn(blob) if self.plan.keeps(h, blob)), self.client.rank)
+        if holder != self.client.rank:
+            try:
+                data = self.client.read(holder, blob)
+                if len(data) == length and checksum(data) == self._checksum[blob]:
+                    self.fill_counts["peer_fills"] += 1
+                    self.fill_counts["peer_fill_bytes"] += length
+                    return data
+            except (OSError, FanfsError) as err:
+                log.debug("blob %d from rank %d for this node's cache: %s; from the shared store", blob, holder, err)
+        return self.shared.read(blob, shard, offset, length)
+
+
+def _warn_if_short(local_dir: str, more: int, capacity: int | None) -> None:
+    """Say at the start if the cache cannot grow to what it may hold: reads then find the disk full."""
+    free = shutil.disk_usage(local_dir).free
+    if more > free:
+        log.warning("%s has %s free, but this node's cache may grow by %s%s: what does not fit is read through from "
+                    "the shared store%s", local_dir, human_size(free), human_size(more),
+                    f" (--capacity {human_size(capacity)})" if capacity is not None else "",
+                    "; a smaller --capacity chooses what is kept" if capacity is None or capacity > free else "")
+
+
+def view_blobs(store: Store, entry: int, view: int) -> tuple[int, int]:
+    """The blobs ``(first, count)`` that reading a file whole at ``view`` asks for (for a record, the run of its
+    layers the view shows; else all its blobs)."""
+    first, count = store.kind(entry).blob_run(store.index, entry, view, 0, EVERY_BYTE)
+    if count:
+        return first, count
+    return int(store.index.first[entry]), int(store.index.count[entry])
+
+
+def cached_is_local(store_of: Callable[[], Store], cache: DiskCache) -> Callable[[int, int], bool]:
+    """A store's ``is_local`` for a lazily staged node: a read is served in the FUSE loop when every blob it asks
+    for is in the cache (kept, or fetched ahead and not read yet: neither is dropped while a read wants it)."""
+    def is_local(entry: int, view: int) -> bool:
+        return cache.present(*view_blobs(store_of(), entry, view))
+    return is_local
+
+
+def lazy_stats(share: LazyShare, counters: dict[str, Any], prefetcher: Any = None) -> dict[str, Any]:
+    """For ``fanfs stats``: what the cache may hold and holds, its hits, what it fetched and what was read through;
+    what ``prefetcher`` (:class:`.prefetch.Prefetcher`) fetched ahead, once it was given an order."""
+    assert share.cache is not None and share.plan is not None
+    cache, plan = share.cache, share.plan
+    return {"cache": {"capacity": plan.capacity, "window": plan.window,
+                      "keeps_bytes": int(plan.footprint[share.local.held].sum()),
+                      "held_bytes": cache.held_bytes(), "kept_bytes": cache.held_bytes((KEPT,)),
+                      "ahead_bytes": cache.held_bytes((AHEAD, SPENT)), **counters.get("cache", {}),
+                      "read_through_bytes": counters["by_source"].get(share.shared.name, 0)},
+            **({"prefetch": prefetcher.stats()} if prefetcher is not None and prefetcher.ordered else {})}

@@ -1,0 +1,380 @@
+"""A node's local copy of a store's blobs, filled as they are read (``--stage lazy``) and held within a budget.
+
+Two files in the node's local directory, shared by every process of the node (its serving processes, its peer
+server, its in-process readers) and kept from one mount to the next:
+
+* ``cache.data``: sparse, a slot per blob of the store at a 4 KiB-aligned offset, so that dropping a blob frees
+  exactly its blocks and the bytes on disk are the sum of the slots held (a slot's *footprint*);
+* ``cache.state``: a header naming the store, then one byte per blob (:data:`ABSENT` ... :data:`HOLE`), mapped
+  shared: a state one process writes is seen by every other at once.
+
+A blob is written into its slot and only then marked held, under a lock on its state byte (an open file
+description lock: the kernel releases it when its process dies), so a copy being written is never read; a crash
+leaves the blob "being filled", dropped at the next open; and every process that wants a blob nobody holds yet
+waits for the one fetching it, so the shared store is read once per blob.  The Store checks every copy read
+from here against the index anyway: one gone bad is rejected, dropped here, and read elsewhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..errors import FanfsError, NotHeld
+from ..util.checksum import checksum
+from .sources import ShardSource
+
+log = logging.getLogger("fanfs")
+
+DATA_NAME, STATE_NAME = "cache.data", "cache.state"
+ABSENT, FILLING, SPENT, AHEAD, KEPT, HOLE = range(6)
+"""A blob's state.  ``AHEAD``: fetched for a read that is coming (held until read); ``SPENT``: read since, the first
+to be dropped for room; ``KEPT``: the node keeps it (dropped only at an open whose budget leaves it out);
+``HOLE``: nothing stored, nothing to hold.  Ordered so that a state >= ``AHEAD`` serves a read here and is never
+dropped while a read may want it."""
+BLOCK = 4096
+REPORT_EVERY = 60.0  # seconds between two log lines about blobs that could not be kept
+_HEADER = struct.Struct("<16s16sQ")  # magic, store id, blobs
+_MAGIC = b"fanfs-cache-v1\0\0"
+HEADER_SIZE = 64
+_FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock on 64-bit Linux
+_FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+TICKS_PER_SECOND = 100
+
+
+def tick() -> int:
+    """Now, in the unit of a blob's read tick (1/100 s, since boot; a uint32 lasts a year)."""
+    return int(time.monotonic() * TICKS_PER_SECOND) & 0xFFFFFFFF
+
+
+def footprints(stored: np.ndarray) -> np.ndarray:
+    """Bytes each blob occupies in the cache: its stored size up to whole 4 KiB blocks."""
+    return (np.asarray(stored, np.int64) + BLOCK - 1) // BLOCK * BLOCK
+
+
+def state_file_bytes(blobs: int) -> int:
+    """What the state file occupies on disk (counted in a node's budget)."""
+    return -(-(HEADER_SIZE + blobs) // BLOCK) * BLOCK
+
+
+class KeyedLocks:
+    """A lock per key (a blob), made while some thread wants it: threads of one process, which share its file locks."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held: dict[int, list[Any]] = {}
+
+    @contextmanager
+    def hold(self, key: int) -> Iterator[None]:
+        with self._guard:
+            entry = self._held.get(key)
+            if entry is None:
+                entry = self._held[key] = [threading.Lock(), 0]
+            entry[1] += 1
+        entry[0].acquire()
+        try:
+            yield
+        finally:
+            entry[0].release()
+            with self._guard:
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._held[key]
+
+    def after_fork(self) -> None:
+        self.__init__()  # type: ignore[misc]  (what another thread held at the fork is no one's here)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+
+
+def punch(fd: int, offset: int, length: int) -> None:
+    """Free the blocks of ``[offset, offset + length)`` (the file keeps its size; the range reads as zeros)."""
+    if length and _libc.fallocate(fd, _PUNCH_HOLE, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot free cache space: {os.strerror(err)}")
+
+
+class DiskCache:
+    """The cache files in ``directory`` for the store of ``index`` (made, or started afresh if they were another
+    store's).  ``owner``: this process serves the node (its daemon): it holds the directory for its lifetime (a
+    second daemon there is refused) and may :meth:`recover`; in-process readers share it without."""
+
+    def __init__(self, directory: str, index: Any, store_id: bytes, owner: bool = False) -> None:
+        self.directory = directory
+        self.blobs = int(index.blob_stored.size)
+        self.stored = index.blob_stored
+        self._stored = memoryview(index.blob_stored)
+        self._checksum = memoryview(index.blob_checksum)
+        self.footprint = footprints(index.blob_stored)
+        self.slot = np.concatenate([[0], np.cumsum(self.footprint)[:-1]]).astype(np.int64) if self.blobs else \
+            np.zeros(0, np.int64)
+        self._slot = memoryview(self.slot)
+        state_path = os.path.join(directory, STATE_NAME)
+        self._fd = os.open(state_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        self._owner_fd = -1
+        if owner:
+            self._owner_fd = os.open(state_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            try:
+                fcntl.flock(self._owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.close()
+                raise FanfsError(f"{directory} is the local directory of another fanfs mount that is still serving: "
+                                 "give each mount its own") from None
+        header = _HEADER.pack(_MAGIC, store_id, self.blobs)
+        fresh = os.pread(self._fd, _HEADER.size, 0) != header or os.fstat(self._fd).st_size != HEADER_SIZE + self.blobs
+        data_path = os.path.join(directory, DATA_NAME)
+        self._data = os.open(data_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        if fresh:  # another store's, cut short, or new: nothing in it is this store's
+            if not owner:
+                self.close()
+                raise FanfsError(f"{directory} holds no cache of this store: its node has not started one")
+            os.ftruncate(self._data, 0)
+            os.ftruncate(self._fd, 0)
+            os.ftruncate(self._fd, HEADER_SIZE + self.blobs)
+            os.pwrite(self._fd, header, 0)
+        size = int(self.slot[-1] + self.footprint[-1]) if self.blobs else 0
+        if os.fstat(self._data).st_size < size:
+            os.ftruncate(self._data, size)  # sparse: the slots take no space until written
+        self._map = mmap.mmap(self._fd, HEADER_SIZE + self.blobs)
+        self.states = np.frombuffer(self._map, np.uint8, self.blobs, HEADER_SIZE)
+        self._states = memoryview(self._map)[HEADER_SIZE:]
+        self._locks = KeyedLocks()
+        self.punch_failed = False
+
+    # --- what is here -----------------------------------------------------------------------------
+
+    def state(self, blob: int) -> int:
+        return self._states[blob]
+
+    def present(self, first: int, count: int) -> bool:
+        """Whether blobs ``first .. first + count - 1`` are all here to be read (and not to be dropped meanwhile)."""
+        if count == 1:
+            return self._states[first] >= AHEAD
+        return count > 0 and min(self._states[first:first + count]) >= AHEAD
+
+    def held_bytes(self, states: tuple[int, ...] = (FILLING, SPENT, AHEAD, KEPT)) -> int:
+        """Bytes on disk of the blobs in ``states`` (by default every one that occupies its slot)."""
+        return int(self.footprint[np.isin(self.states, states)].sum())
+
+    def read(self, blob: int, length: int) -> bytes | None:
+        """The local copy of a blob that is here (None if it is not): a kept one at once; one fetched ahead under its
+        lock, which :meth:`drop` respects (and marked spent: it was read)."""
+        state = self._states[blob]
+        if state == KEPT:
+            return os.pread(self._data, length, self._slot[blob])
+        if state not in (AHEAD, SPENT):
+            return None
+        with self._locks.hold(blob), self._file_lock(blob, fcntl.F_RDLCK):
+            if self._states[blob] not in (AHEAD, SPENT):
+                return None  # dropped meanwhile
+            data = os.pread(self._data, length, self._slot[blob])
+            self._states[blob] = SPENT
+            return data
+
+    # --- filling and dropping ---------------------------------------------------------------------
+
+    def fill(self, blob: int, fetch: Callable[[], bytes], state: int = KEPT) -> tuple[bytes, bool, str]:
+        """The blob's bytes: the copy here if there is one by now, else ``fetch()``'s, checked against the index and
+        written here as ``state``; whether they were fetched; why they could not be kept ("" if they were)."""
+        length = self._stored[blob]
+        with self._locks.hold(blob), self._file_lock(blob, fcntl.F_WRLCK):
+            if self._states[blob] >= AHEAD and (data := os.pread(self._data, length, self._slot[blob])) \
+                    and checksum(data) == self._checksum[blob]:
+                if self._states[blob] == SPENT and state == AHEAD:
+                    self._states[blob] = AHEAD
+                return data, False, ""
+            self._states[blob] = FILLING
+            try:
+                data = fetch()
+                if len(data) != length or checksum(data) != self._checksum[blob]:
+                    raise FanfsError(f"blob {blob}: the shared store's copy fails its checksum (run 'fanfs verify' on it)")
+            except BaseException:
+                self._set_absent(blob)
+                raise
+            try:
+                if FILL_DELAY:  # fault injection: a copy half written when the process is killed
+                    os.pwrite(self._data, data[:length // 2], self._slot[blob])
+                    time.sleep(FILL_DELAY)
+                written = os.pwrite(self._data, data, self._slot[blob])
+                if written != length:
+                    raise OSError(errno.ENOSPC, f"short write ({written} of {length} bytes)")
+            except OSError as err:
+                self._set_absent(blob)
+                return data, True, f"{err.strerror or err}" + (" (the local directory is full)"
+                                                               if err.errno in _FULL_DISK else "")
+            self._states[blob] = state
+            return data, True, ""
+
+    def spend(self, blob: int) -> None:
+        """A blob fetched ahead for a read that did not come: it may be dropped now."""
+        with self._locks.hold(blob), self._file_lock(blob, fcntl.F_WRLCK):
+            if self._states[blob] == AHEAD:
+                self._states[blob] = SPENT
+
+    def drop(self, blob: int, wait: bool = False) -> bool:
+        """Free a blob's slot unless a read holds it (``wait``: wait for it); whether it was dropped."""
+        with self._locks.hold(blob):
+            if not self._file_lock_taken(blob, wait):
+                return False
+            try:
+                if self._states[blob] in (ABSENT, HOLE):
+                    return True
+                self._set_absent(blob)
+                return True
+            finally:
+                self._unlock(blob)
+
+    def recover(self, keep: np.ndarray) -> int:
+        """At the owner's start, before any read: drop what is not a blob ``keep`` says to keep (copies cut short by
+        a crash, blobs fetched ahead for a read that never came, kept ones a new budget leaves out); mark the
+        holes.  Returns how many blobs were dropped."""
+        states = self.states
+        hole = self.stored == 0
+        drop = np.flatnonzero((states != ABSENT) & ~hole & ~((states == KEPT) & keep))
+        for blob in drop.tolist():
+            self._set_absent(blob)
+        states[hole] = HOLE
+        return int(drop.size)
+
+    def _set_absent(self, blob: int) -> None:
+        """Mark the blob absent first (no reader trusts it from here on), then free its blocks."""
+        self._states[blob] = ABSENT
+        try:
+            punch(self._data, self._slot[blob], int(self.footprint[blob]))
+        except OSError as err:
+            if not self.punch_failed:
+                self.punch_failed = True
+                log.warning("%s: %s; dropped blobs keep their space until the next mount", self.directory, err)
+
+    # --- locks on state bytes: threads of this process by KeyedLocks, processes by file locks -----------
+
+    @contextmanager
+    def _file_lock(self, blob: int, kind: int) -> Iterator[None]:
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW, _FLOCK.pack(kind, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
+        try:
+            yield
+        finally:
+            self._unlock(blob)
+
+    def _file_lock_taken(self, blob: int, wait: bool) -> bool:
+        try:
+            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK,
+                        _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
+            return True
+        except OSError as err:
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+
+    def _unlock(self, blob: int) -> None:
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
+
+    def after_fork(self) -> None:
+        """In a forked child: a descriptor of its own for the state file, whose file locks are then this process's
+        (the inherited one's are the parent's), and locks no thread of the parent holds."""
+        fd = os.open(os.path.join(self.directory, STATE_NAME), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        os.close(self._fd)
+        self._fd = fd
+        self._locks.after_fork()
+
+    def close(self) -> None:
+        states = getattr(self, "_states", None)
+        if states is not None:
+            states.release()
+            del self.states
+            try:
+                self._map.close()
+            except BufferError:  # a numpy view of it is still alive somewhere: the mapping goes with the process
+                pass
+        for fd in (self._fd, getattr(self, "_data", -1), self._owner_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._data = self._owner_fd = -1
+
+
+class CachedShards(ShardSource):
+    """A node's blobs from its :class:`DiskCache`: any blob that is there (kept, or fetched ahead of a read), and the
+    blobs it keeps (``keep``, a bool per blob) fetched from ``shared`` at their first read.  Others are NotHeld: a
+    peer or the shared store serves them.  ``touched`` (a uint32 per blob, shared with the node's prefetcher) gets
+    the :func:`tick` of every read of a blob: how the prefetcher sees where the readers are."""
+
+    def __init__(self, cache: DiskCache, keep: np.ndarray, shared: ShardSource, name: str,
+                 touched: memoryview | None = None) -> None:
+        self.cache = cache
+        self.held = keep  # what a peer may ask this node for (its peer server checks it)
+        self._keep = memoryview(keep)
+        self.shared = shared
+        self.name = name
+        self.touched = touched
+        self.hits = self.hit_bytes = self.fills = self.fill_bytes = self.unkept = 0
+        self._warned = -REPORT_EVERY
+
+    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        if self.touched is not None:
+            self.touched[blob] = tick()
+        data = self.cache.read(blob, length)
+        if data is not None:
+            self.hits += 1
+            self.hit_bytes += len(data)
+            return data
+        if not self._keep[blob]:
+            raise NotHeld("not kept by this node")
+        data, fetched, why = self.cache.fill(blob, lambda: self.shared.read(blob, shard, offset, length))
+        if fetched:
+            self.fills += 1
+            self.fill_bytes += len(data)
+        else:
+            self.hits += 1
+            self.hit_bytes += len(data)
+        if why:
+            self.unkept += 1
+            now = time.monotonic()
+            if now - self._warned >= REPORT_EVERY:
+                self._warned = now
+                log.warning("cannot keep blob %d in %s: %s; it is read through from %s (%d so far)", blob,
+                            self.cache.directory, why, self.shared.name, self.unkept)
+        return data
+
+    def read_run(self, first: int, count: int) -> bytes:
+        """Asked first for a run of blobs a read lacks (the store then fetches it from a peer in one round trip): the
+        cache gives blobs one at a time, but notes the read for the prefetcher."""
+        if self.touched is not None:
+            self.touched[first] = tick()
+        raise NotHeld("the cache gives one blob at a time")
+
+    def rejected(self, blob: int) -> None:
+        """The copy this gave failed the Store's check: drop it, so that the next read fetches it again."""
+        self.cache.drop(blob, wait=True)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """This process's figures, which add up over a node's processes (``fanfs stats``)."""
+        return {"cache": {"hit_blobs": self.hits, "hit_bytes": self.hit_bytes, "fills": self.fills,
+                          "fill_bytes": self.fill_bytes, "unkept": self.unkept,
+                          **getattr(self.shared, "fill_counts", {})}}  # where the fills came from, if it says
+
+    def after_fork(self) -> None:
+        self.cache.after_fork()
+
+    def close(self) -> None:
+        self.cache.close()
+
+
+FILL_DELAY = float(os.environ.get("FANFS_DEBUG_FILL_DELAY", "0") or 0)
+"""Fault injection for tests: seconds a fill waits with half of its copy written (a kill then cuts it short)."""
