@@ -34,42 +34,24 @@ import ipaddress
 import itertools
 import json
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-NETNS_DIR = Path("/run/netns")
-REGISTRY = Path("/run/fanfs-emucluster")  # one file per running cluster (named by its tag) holding its directory
-LOCK = REGISTRY / "lock"
-SUBNETS = ipaddress.ip_network("10.201.0.0/16")  # one /24 per cluster, the first one not on this host
+from emuhost import (LOCK, NETNS_DIR, REGISTRY, EmulationError, delete_netns, end_owner, free_subnet, rate_bits, run,
+                     shape, sigterm_raises, status, sweep_leftovers, unmount_under)
+
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 FIRST_NODE_HOST = 10  # nodes are .10, .11, ...; the bridge (the host) is .1, storage .2
 _seq = itertools.count()
-_NETNS_RE = re.compile(r"^fanfs-(\d+)-(\d+)-")
-_LINK_RE = re.compile(r"^fz(\d+)-(\d+)")
-_TAG_RE = re.compile(r"^(\d+)-(\d+)$")
-_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)([kmg]?)bit$")
 
-
-class EmulationError(RuntimeError):
-    """The emulated cluster cannot be brought up here (not root, a missing tool, a failed command)."""
-
-
-def rate_bits(rate: str) -> int:
-    """Bits per second of a tc rate ("1gbit", "250mbit", "800kbit", "1000000bit")."""
-    m = _RATE_RE.match(rate.strip().lower())
-    if not m:
-        raise EmulationError(f"bad link rate {rate!r}: say e.g. 1gbit, 250mbit, 800kbit")
-    return int(float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)])
 
 
 def missing_requirements() -> str | None:
@@ -84,22 +66,6 @@ def missing_requirements() -> str | None:
     if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
         return "no network namespace support (ip netns list failed)"
     return None
-
-
-def _run(*argv: str | os.PathLike, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=60)
-    if check and done.returncode != 0:
-        raise EmulationError(f"{' '.join(map(str, argv))}: {done.stderr.strip() or done.returncode}")
-    return done
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _die_with_parent() -> None:
@@ -189,10 +155,10 @@ class Cluster:
         """Set the nodes' and/or the storage's link rate (both directions), also while in use."""
         if link is not None:
             for node in self.nodes:
-                _shape(node, link)
+                shape(node.link, node.netns, link)
             self.link = link
         if storage_link is not None:
-            _shape(self.storage, storage_link)
+            shape(self.storage.link, self.storage.netns, storage_link)
             self.storage_link = storage_link
 
     def counters(self) -> dict[str, dict[str, int]]:
@@ -228,20 +194,20 @@ class Cluster:
     # --- bring-up, used by emulated_cluster -------------------------------------------------------
 
     def _up(self, undo: contextlib.ExitStack) -> None:
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
-        undo.callback(_run, "ip", "link", "del", self.bridge, check=False)
-        _run("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
-        _run("ip", "link", "set", self.bridge, "up")
+        run("ip", "link", "add", self.bridge, "type", "bridge")
+        undo.callback(run, "ip", "link", "del", self.bridge, check=False)
+        run("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
+        run("ip", "link", "set", self.bridge, "up")
         for host, rate in [(self.storage, self.storage_link), *((n, self.link) for n in self.nodes)]:
-            _run("ip", "netns", "add", host.netns)
-            undo.callback(_delete_netns, host.netns)
-            _run("ip", "link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
-            undo.callback(_run, "ip", "link", "del", host.link, check=False)
-            _run("ip", "link", "set", host.link, "master", self.bridge, "up")
-            _run("ip", "-n", host.netns, "addr", "add", f"{host.ip}/24", "dev", "eth0")
-            _run("ip", "-n", host.netns, "link", "set", "eth0", "up")
-            _run("ip", "-n", host.netns, "link", "set", "lo", "up")
-            _shape(host, rate)
+            run("ip", "netns", "add", host.netns)
+            undo.callback(delete_netns, host.netns)
+            run("ip", "link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            undo.callback(run, "ip", "link", "del", host.link, check=False)
+            run("ip", "link", "set", host.link, "master", self.bridge, "up")
+            run("ip", "-n", host.netns, "addr", "add", f"{host.ip}/24", "dev", "eth0")
+            run("ip", "-n", host.netns, "link", "set", "eth0", "up")
+            run("ip", "-n", host.netns, "link", "set", "lo", "up")
+            shape(host.link, host.netns, rate)
             for sub in ("local", "mnt", "shared"):
                 (host.dir / sub).mkdir(parents=True, exist_ok=True)
         self._write_launcher()
@@ -268,7 +234,7 @@ exec nsenter --net={NETNS_DIR}/$ns env FANFS_PEER_HOST=$ip sh -c "$*"
         """sshd in the storage namespace, bound to its address only, with its own keys and config."""
         self.ssh.mkdir(mode=0o700)
         for key in ("host_key", "client_key"):
-            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", self.ssh / key)
+            run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", self.ssh / key)
         shutil.copy(self.ssh / "client_key.pub", self.ssh / "authorized_keys")
         host_key = (self.ssh / "host_key.pub").read_text().split()
         (self.ssh / "known_hosts").write_text(f"{self.storage.ip} {host_key[0]} {host_key[1]}\n")
@@ -323,7 +289,7 @@ Subsystem sftp internal-sftp
 
     def _unmount_shared(self, node: Host) -> None:
         if os.path.ismount(node.shared):
-            _run("fusermount3", "-u", "-z", node.shared, check=False)
+            run("fusermount3", "-u", "-z", node.shared, check=False)
         proc = self._sshfs.pop(node.name, None)
         if proc is not None:
             _stop(proc)
@@ -338,15 +304,6 @@ def _user() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
 
 
-def _shape(host: Host, rate: str) -> None:
-    """tbf at ``rate`` on both ends of the host's veth: out of the namespace and into it."""
-    bits = rate_bits(rate)
-    burst = max(bits // 8 // 100, 256 * 1024)  # 10 ms of the rate, at least a few GSO super-packets
-    tbf = ["tbf", "rate", f"{bits}bit", "burst", str(burst), "latency", "50ms"]
-    _run("tc", "qdisc", "replace", "dev", host.link, "root", *tbf)
-    _run("tc", "-n", host.netns, "qdisc", "replace", "dev", "eth0", "root", *tbf)
-
-
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -355,95 +312,6 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _kill_in_netns(netns: str) -> None:
-    """SIGKILL every process still in a namespace of ours (a daemon a caller left, a session sshd)."""
-    pids = _run("ip", "netns", "pids", netns, check=False).stdout.split()
-    for pid in map(int, pids):
-        if pid != os.getpid():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _delete_netns(netns: str) -> None:
-    _kill_in_netns(netns)
-    _run("ip", "netns", "del", netns, check=False)
-
-
-def _unmount_under(root: str) -> list[str]:
-    """Lazily unmount whatever is still mounted under ``root`` (deepest first); returns the mount points."""
-    with open("/proc/self/mounts") as f:
-        points = [line.split()[1].encode().decode("unicode_escape") for line in f]
-    under = sorted((p for p in points if p.startswith(root.rstrip("/") + "/")), key=len, reverse=True)
-    for point in under:
-        _run("fusermount3", "-u", "-z", point, check=False)
-        if os.path.ismount(point):
-            _run("umount", "-l", point, check=False)
-    return under
-
-
-def sweep_leftovers() -> list[str]:
-    """Remove what emulated clusters of owners no longer alive left behind; returns what was removed."""
-    removed = []
-    for marker in sorted(REGISTRY.glob("*-*")) if REGISTRY.is_dir() else []:
-        m = _TAG_RE.match(marker.name)
-        if m and not _alive(int(m.group(1))):
-            root = marker.read_text().strip()
-            removed += [f"mount {point}" for point in _unmount_under(root)]
-            if os.path.isdir(root):
-                shutil.rmtree(root, ignore_errors=True)
-                removed.append(f"dir {root}")
-            marker.unlink()
-    if NETNS_DIR.is_dir():
-        for ns in sorted(NETNS_DIR.iterdir()):
-            m = _NETNS_RE.match(ns.name)
-            if m and not _alive(int(m.group(1))):
-                _delete_netns(ns.name)
-                removed.append(f"netns {ns.name}")
-    for line in _run("ip", "-o", "link", "show").stdout.splitlines():
-        name = line.split(":")[1].strip().split("@")[0]
-        m = _LINK_RE.match(name)
-        if m and not _alive(int(m.group(1))):
-            _run("ip", "link", "del", name, check=False)
-            removed.append(f"link {name}")
-    return removed
-
-
-def _free_subnet() -> ipaddress.IPv4Network:
-    """The first /24 of SUBNETS that no address or route on this host overlaps (under LOCK)."""
-    taken = []
-    for line in _run("ip", "-4", "-o", "addr", "show").stdout.splitlines():
-        taken.append(ipaddress.ip_interface(line.split()[3]).network)
-    for line in _run("ip", "-4", "route", "show").stdout.splitlines():
-        dst = line.split()[0]
-        if dst != "default":
-            taken.append(ipaddress.ip_network(dst, strict=False))
-    for subnet in SUBNETS.subnets(new_prefix=24):
-        if not any(subnet.overlaps(t) for t in taken):
-            return subnet
-    raise EmulationError(f"no free /24 left in {SUBNETS}")
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM ends the block like Ctrl-C, once (so teardown runs, and a second SIGTERM does not cut it
-    short); only in the main thread, where handlers live."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    raised = []
-
-    def handler(signum, frame):
-        if not raised:
-            raised.append(signum)
-            raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -465,48 +333,26 @@ def emulated_cluster(nodes: int = 4, link: str = "1gbit", storage_link: str = "1
     sweep_leftovers()
     tag = f"{os.getpid()}-{next(_seq) % 10}"  # one digit: a link name (fzPID-Sn199) fits the kernel's 15 characters
     base = workdir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
-    with _sigterm_raises(), contextlib.ExitStack() as undo:
+    with sigterm_raises(), contextlib.ExitStack() as undo:
         REGISTRY.mkdir(mode=0o755, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix=f"fanfs-emu-{tag}-", dir=base))
         marker = REGISTRY / tag
         marker.write_text(str(root))
         undo.callback(marker.unlink)
         undo.callback(shutil.rmtree, root, ignore_errors=True)
-        undo.callback(_unmount_under, str(root))  # after everything else: whatever a caller left mounted
+        undo.callback(unmount_under, str(root))  # after everything else: whatever a caller left mounted
         if export is None:
             (root / "export").mkdir()
         LOCK.touch(exist_ok=True)
         with open(LOCK) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            cluster = Cluster(root, _free_subnet(), nodes, link, storage_link,
+            cluster = Cluster(root, free_subnet(), nodes, link, storage_link,
                               Path(export).resolve() if export is not None else root / "export", tag)
             cluster._up(undo)
         yield cluster
 
 
 # --- the command line --------------------------------------------------------------------------------
-
-def _status() -> list[dict[str, object]]:
-    owners: dict[str, list[str]] = {}
-    if NETNS_DIR.is_dir():
-        for ns in NETNS_DIR.iterdir():
-            m = _NETNS_RE.match(ns.name)
-            if m:
-                owners.setdefault(f"{m.group(1)}-{m.group(2)}", []).append(ns.name)
-    return [{"cluster": tag, "owner_pid": int(tag.split("-")[0]), "alive": _alive(int(tag.split("-")[0])),
-             "namespaces": sorted(names)} for tag, names in sorted(owners.items())]
-
-
-def _end_owner(pid: int) -> None:
-    """SIGTERM an owner of a cluster and wait (bounded) until it has torn its cluster down."""
-    if not any(c["owner_pid"] == pid and c["alive"] for c in _status()):
-        raise EmulationError(f"no running cluster is owned by pid {pid} (see 'status')")
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while _alive(pid) and any(c["owner_pid"] == pid for c in _status()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    print(f"asked {pid} to tear its cluster down")
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -527,10 +373,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(cluster.describe(), "\n(Ctrl-C or SIGTERM to tear it down)", flush=True)
                 signal.pause() if hasattr(signal, "pause") else time.sleep(1e9)
         elif args.command == "status":
-            print(json.dumps(_status(), indent=2))
+            print(json.dumps(status(), indent=2))
         else:
             if args.pid is not None:
-                _end_owner(args.pid)
+                end_owner(args.pid)
             for thing in sweep_leftovers():
                 print(f"removed {thing}")
     except EmulationError as err:

@@ -203,8 +203,6 @@ def _pack_into(tmp: str, ingest: Ingest, total: int | None, opts: PackOptions, r
     spooled: dict[int, list[bytes]] = {}  # shard -> spool files its job reads, removed once it is packed
     positions: dict[int, int] = {}  # shard -> source bytes read when it was cut (progress)
     cut = Batch()
-
-
     progress = {"bytes": 0, "files": 0}
     with Progress(total or 0, "pack", enabled=opts.progress, unit="B", count_total=ingest.files_known()) as bar, \
             _deferred_interrupt() as interrupted, runner(opts.jobs) as shards:
