@@ -197,6 +197,32 @@ def test_a_stopped_serving_process_cannot_hold_the_mount_point(tree, tmp_path):
         _kill_all(pids)
 
 
+@pytest.mark.slow
+def test_a_stopped_serving_process_cannot_hold_a_daemon_stopped_by_a_signal(tree, tmp_path):
+    """As above, but the daemon unmounts itself (SIGTERM, as Slurm ends a job): libfuse has then closed the
+    session's descriptor, and asking whether the mount had ended raised ValueError (a traceback at every job's
+    end where a serving process was slow to go)."""
+    _, store, files = tree
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    pids: list[int] = []
+    try:
+        fanfs("mount", store, mnt, "--workers", "2")
+        parent, workers = serving_pids(mnt)
+        pids = [parent, *workers]
+        log = Path(log_path(mnt))
+        assert (mnt / files[0]).read_bytes()
+        os.kill(workers[1], signal.SIGSTOP)
+        os.kill(parent, signal.SIGTERM)
+        wait_gone(mnt, pids, seconds=30)
+        assert not any(alive(pid) for pid in pids)
+        text = log.read_text()
+        assert f"serving process {workers[1]} had not ended" in text and "Traceback" not in text, text
+    finally:
+        force_unmount(mnt)
+        _kill_all(pids)
+
+
 def test_a_daemon_killed_with_minus_9_takes_its_serving_processes_along(tree, tmp_path):
     _, store, _ = tree
     mnt = tmp_path / "mnt"

@@ -280,9 +280,13 @@ class Session:
 
     def ended(self) -> bool:
         """Whether the kernel has ended the mount's connection (unmounted, or aborted): its /dev/fuse descriptor then
-        polls as an error (asked for no event, so requests coming in do not count)."""
+        polls as an error (asked for no event, so requests coming in do not count); after this process's own
+        unmount libfuse has closed it (-1)."""
+        fd = _lib.fuse_session_fd(self._se)
+        if fd < 0:
+            return True
         poller = select.poll()
-        poller.register(_lib.fuse_session_fd(self._se), 0)
+        poller.register(fd, 0)
         return bool(poller.poll(0))
 
     def abandon(self) -> None:
