@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fanfs_command import fanfs, force_unmount
+from support.processes import stop
 
 from fanfs.cluster.placement import place
 from fanfs.records import expand
@@ -372,7 +373,7 @@ def test_local_reads_go_on_while_a_peer_is_stopped(dataset, tmp_path):
     remote = [f for f in files if f not in local and holders_of(index, placement, f) & {2}]
     with Job(store, tmp_path, 2) as job:
         stopped = job.pid(2)
-        os.kill(stopped, signal.SIGSTOP)
+        stop(stopped)
         try:
             done = {}
             waiting = threading.Thread(target=lambda: done.setdefault("remote", read_all(job.mounts[0], remote)))

@@ -21,7 +21,7 @@ from pathlib import Path
 import fsspec
 import pytest
 from fanfs_command import fanfs
-from support.processes import mpi_segments, mpi_segments_left
+from support.processes import mpi_segments, mpi_segments_left, stop
 from test_cluster import MPIEXEC, dataset, finish, holders_of, mpiexec, stage  # noqa: F401  (dataset: a fixture)
 
 from fanfs.cluster.nodeview import KEY_FILE, NODE_FILE
@@ -230,7 +230,7 @@ def test_a_dead_peer_costs_a_replica_or_a_clear_error_never_a_hang(dataset, tmp_
         assert [fs.cat_file(f) for f in files] == [(src / f).read_bytes() for f in files]
         assert job.proc.poll() is None  # the others serve on
         stopped = job.pid(2)
-        os.kill(stopped, signal.SIGSTOP)
+        stop(stopped)
         try:
             with pytest.raises(OSError) as failed:
                 fs.cat_file(lost[0])

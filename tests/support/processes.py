@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 
@@ -65,3 +67,21 @@ def kernel_state(pid: int) -> str:
             state, wchan, stack = "?", "?", str(err)
         lines.append(f"{pid}/{tid} [{state}] {wchan}: {stack}")
     return "\n".join(lines)
+
+
+def stop(pid: int, seconds: float = 10) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it is stopped: kill() returns when the signal is queued,
+    and a thread running on the other core may still answer a request meanwhile (a 'stopped' peer served)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        states = set()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                states.add(Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+        if states <= {"T", "t"}:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop:\n{kernel_state(pid)}")
