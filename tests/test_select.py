@@ -82,7 +82,7 @@ def small(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def measured(mixed):
     """One measurement of the mixed tree (the slow part), re-decided under different demands."""
-    sel = select(str(mixed), Demand(), fraction=0.02, cap=4 << 20, timing=0.04)  # quicker, noisier timings
+    sel = select(str(mixed), Demand(), fraction=0.02, cap=1 << 20, timing=0.04)  # quicker, noisier timings
     return sel
 
 
@@ -230,7 +230,7 @@ def test_bad_timing_is_one_line(small, timing):
 @pytest.mark.slow
 def test_select_cli_json_plan_and_plot(small, tmp_path):
     plan_file, png = tmp_path / "plan.json", tmp_path / "pareto.png"
-    done = fanfs("select", small, "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "2M", "--json", "-o", plan_file,
+    done = fanfs("select", small, "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "512K", "--json", "-o", plan_file,
                  "--plot", png, "--jobs", "2")
     report = json.loads(done.stdout)
     assert report["feasible"] and report["demand"]["mode"] == "sync"  # a mount's, as README advises (issue 29)
@@ -243,10 +243,10 @@ def test_select_cli_json_plan_and_plot(small, tmp_path):
     plan = Plan.load(str(plan_file))
     text = next(c for c in report["classes"] if c["class"] == "text")
     assert plan.table["text"]["codec"] == text["chosen"]
-    table = fanfs("select", small / "text", "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "1M", "--mode", "sync").stdout
+    table = fanfs("select", small / "text", "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "256K", "--mode", "sync").stdout
     assert "candidate" in table and "<== chosen" in table and "decode >=" in table
     assert re.search(r" \d[\d.]* [MGk]B/s ", table) and not re.search(r"\d,\d{3}\.\d", table)  # 3 digits and a unit
-    every = fanfs("select", small / "text", "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "1M", "--all").stdout
+    every = fanfs("select", small / "text", "--timing", "0.04", "--rate", "1MB/s", "--sample-cap", "256K", "--all").stdout
     assert "(--all shows them)" in table and len(every.splitlines()) > len(table.splitlines()) + 5
 
 
@@ -365,7 +365,7 @@ def test_float_class_measures_float_records_and_elf_and_a_plan_can_choose_them(t
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(silero(), src / "silero.safetensors")
-    plain = json.loads(fanfs("select", src, "--timing", "0.04", "--json", "--sample-cap", "2M").stdout)
+    plain = json.loads(fanfs("select", src, "--timing", "0.04", "--json", "--sample-cap", "1M").stdout)
     floats = next(c for c in plain["classes"] if c["class"] == "float")
     families = {c["spec"].split("+")[0] for c in floats["candidates"]}
     assert "float" in families and not any(f.startswith("elf") for f in families)
@@ -373,7 +373,7 @@ def test_float_class_measures_float_records_and_elf_and_a_plan_can_choose_them(t
     assert all(c["record"] == {"kind": "float", "elf": False, "error": None} and c["decode_MBps"] > 0 for c in lossless)
     assert max(c["ratio"] for c in lossless) > 1.2  # silero: ~1.28 as float records
     plan_file = tmp_path / "plan.json"
-    report = json.loads(fanfs("select", src, "--timing", "0.04", "--json", "--sample-cap", "2M", "--float-error", "1e-4",
+    report = json.loads(fanfs("select", src, "--timing", "0.04", "--json", "--sample-cap", "1M", "--float-error", "1e-4",
                               "-o", plan_file).stdout)
     floats = next(c for c in report["classes"] if c["class"] == "float")
     chosen = next(c for c in floats["candidates"] if c["chosen"])
