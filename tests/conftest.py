@@ -22,12 +22,16 @@ from fanfs_command import fanfs, mounted  # noqa: E402
 
 SLURM_MODULES = {"test_slurm", "test_slurm_pack", "test_time_limit"}
 """The modules that share the session's Slurm cluster and its time-limited job."""
+HEAVY_MODULES = tuple(f"tests/test_{name}.py" for name in ("select", "tiers", "format_fixtures", "cluster", "scan_presets",
+                                                          "float_records", "switch_race", "lazy_cluster"))
+"""The modules of most test time (pytest --durations, 4 workers, Nov 2026), in that order: started first."""
 
 
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` (setup.cfg's ``-n 4``) with the Slurm modules as one file: a module runs whole on
     one worker, so its module-scoped stores are packed once, and the Slurm modules share one worker, one
-    cluster and one time-limited job, which starts first (the longest unit, and its minute must pass)."""
+    cluster and one time-limited job, which starts first (the longest unit, and its minute must pass); then the
+    heaviest modules, so that no long one starts last while the other workers have nothing left."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -38,8 +42,9 @@ def pytest_xdist_make_scheduler(config, log):
             return "slurm" if Path(module).stem in SLURM_MODULES else module
 
         def _assign_work_unit(self, node) -> None:
-            if "slurm" in self.workqueue:
-                self.workqueue.move_to_end("slurm", last=False)
+            for unit in (*reversed(HEAVY_MODULES), "slurm"):
+                if unit in self.workqueue:
+                    self.workqueue.move_to_end(unit, last=False)
             super()._assign_work_unit(node)
 
     return ModuleScheduling(config, log)

@@ -209,10 +209,13 @@ class Recorder:
         def back():
             while data := upstream.recv(1 << 16):
                 conn.sendall(data)
-        threading.Thread(target=back, daemon=True).start()
+        replies = threading.Thread(target=back, daemon=True)
+        replies.start()
         while data := conn.recv(1 << 16):
             self.sent.extend(data)
             upstream.sendall(data)
+        upstream.shutdown(socket.SHUT_RDWR)  # ends back()'s recv; closing under it raised EBADF in its thread
+        replies.join(10)
         upstream.close()
 
 
