@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fanfs_command import fanfs
+from fanfs_command import fanfs, mount_stats, set_presentation
 from support.jpeg_samples import BROKEN, ORIENTATION, build_samples
 from PIL import Image, ImageFile
 
@@ -69,7 +69,7 @@ def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
     with mount(store, "--fidelity", "1") as mnt:
         previous = json.loads(fanfs("stats", mnt, "--json").stdout)["bytes_stored_read"]
         for k in [*range(1, top + 1), FULL]:
-            fanfs("ctl", mnt, "--fidelity", "full" if k == FULL else str(k))
+            set_presentation(mnt, "fidelity", "full" if k == FULL else str(k))
             for path in _files(mnt):
                 rel = path.relative_to(mnt)
                 data = path.read_bytes()
@@ -82,7 +82,7 @@ def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
                         assert np.array_equal(decode(data), decode((src / rel).read_bytes())), rel
                 else:
                     assert data == (src / rel).read_bytes(), (rel, k)  # odd files are byte-exact at every K
-            now = json.loads(fanfs("stats", mnt, "--json").stdout)["bytes_stored_read"]
+            now = mount_stats(mnt)["bytes_stored_read"]
             assert now - previous <= _stored_bound(s, k), k  # only layers <= K were read
             previous = now
     s.close()
@@ -96,7 +96,7 @@ def test_low_fidelity_reads_fewer_bytes(jpeg_store, mount):
         with mount(store, "--fidelity", k) as mnt:
             for path in _files(mnt):
                 path.read_bytes()
-            stats = json.loads(fanfs("stats", mnt, "--json").stdout)
+            stats = mount_stats(mnt)
             stored[k] = stats["bytes_stored_read"]
             assert len(stats["stored_by_layer"]) <= (1 if k == "1" else 64)
     assert stored["1"] < 0.3 * stored["full"]  # the first scan of every preset is the DC: about a tenth of the bytes

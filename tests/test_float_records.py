@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fanfs_command import fanfs
+from fanfs_command import fanfs, mount_stats, set_presentation
 from float_samples import make_float_tree, minilm, original_files
 
 from fanfs.errors import StoreError
@@ -193,7 +193,7 @@ def test_mount_every_precision_same_sizes_loaders_agree_fewer_bytes(floats, moun
     files = original_files(src)
     with mount(store, "--precision", "8") as mnt:
         for text in ("8", "16", "24", "full"):
-            fanfs("ctl", mnt, "--precision", text)
+            set_presentation(mnt, "precision", text)
             kept = FULL if text == "full" else int(text) // 8
             for path in files:
                 st = os.stat(mnt / path)
@@ -226,7 +226,7 @@ def test_mount_every_precision_same_sizes_loaders_agree_fewer_bytes(floats, moun
         with mount(store, "--precision", text) as mnt:
             for path in _records(Store(str(store))):
                 (mnt / path).read_bytes()
-            read_at[text] = json.loads(fanfs("stats", mnt, "--json").stdout)["bytes_stored_read"]
+            read_at[text] = mount_stats(mnt)["bytes_stored_read"]
     assert read_at["8"] < read_at["16"] < read_at["24"] < read_at["full"]
     assert read_at["16"] <= 0.7 * read_at["full"]  # float16/bfloat16 files are whole at 16 bits
 

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fanfs_command import fanfs
+from fanfs_command import fanfs, set_presentation
 
-from fanfs.records import Presentation, parse, setting
-from fanfs.serve.control import request
+from fanfs.records import Presentation, parse
 from fanfs.util.images import decode_pixels
 from fanfs.store import Store
 
@@ -58,11 +57,6 @@ def test_fixture_reads_in_process(fixture):
     s.close()
 
 
-def present(mnt: Path, name: str, text: str) -> None:
-    """What ``fanfs ctl MNT --NAME TEXT`` sends the mount, without a process of its own for every switch."""
-    request(str(mnt), {"cmd": "present", name: setting(name).parse(text)}, timeout=600)
-
-
 @pytest.mark.slow
 def test_fixture_verifies_and_mounts(fixture, mount):
     store_path, manifest, _ = fixture
@@ -86,13 +80,13 @@ def test_fixture_verifies_and_mounts(fixture, mount):
         for setting in sorted({w.get("setting", "fidelity") for w in records.values()}):
             mine = {p: w for p, w in records.items() if w.get("setting", "fidelity") == setting}
             for k in range(1, max(int(k) for w in mine.values() for k in w["sha256_at"]) + 1):
-                present(mnt, setting, str(k * max(w.get("unit", 1) for w in mine.values())))
+                set_presentation(mnt, setting, str(k * max(w.get("unit", 1) for w in mine.values())))
                 for path, want in mine.items():
                     expected = want["sha256_at"].get(str(k), want["sha256"])
                     assert hashlib.sha256((mnt / path).read_bytes()).hexdigest() == expected, (path, setting, k)
             fanfs("ctl", mnt, f"--{setting}", "full")  # once through the command; the switches above as it sends them
         tiers = {p: w["sha256_tiers"] for p, w in entries.items() if "sha256_tiers" in w}
         for tier in sorted({t for digests in tiers.values() for t in digests}):
-            present(mnt, "fidelity", tier)
+            set_presentation(mnt, "fidelity", tier)
             for path, digests in tiers.items():
                 assert hashlib.sha256((mnt / path).read_bytes()).hexdigest() == digests[tier], (path, tier)

@@ -19,7 +19,7 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
-from fanfs_command import fanfs
+from fanfs_command import fanfs, set_presentation
 from test_cluster import MPIEXEC, NODES, Job
 from test_fsspec_node import NodeJob
 from test_lazy import disk_bytes, photos, read, states  # noqa: F401  (photos: a fixture)
@@ -59,7 +59,7 @@ def test_readers_on_every_node_race_for_unfetched_blobs_at_every_fidelity(photos
         for k in (1, 2, 5, "full"):
             if k != 1:
                 for mnt in job.mounts:
-                    fanfs("ctl", mnt, "--fidelity", str(k))
+                    set_presentation(mnt, "fidelity", str(k))
             for got in race(job.mounts, names):
                 assert got == expected[FULL if k == "full" else k], f"fidelity {k}"
         stats = [job.stats(rank)["cache"] for rank in range(NODES)]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fanfs_command import fanfs
+from fanfs_command import fanfs, set_presentation
 from support.jpeg_samples import build_samples
 from photo_samples import make_photo_set
 from PIL import Image, ImageFile
@@ -100,7 +100,7 @@ def test_fast_preset_through_a_mount_at_every_k(samples, stores, mount):
     src, made = samples
     with mount(stores["fast"], "--fidelity", "1") as mnt:
         for k in [*range(1, SCANS["fast"][2] + 1), "full"]:
-            fanfs("ctl", mnt, "--fidelity", str(k))
+            set_presentation(mnt, "fidelity", str(k))
             for name, path in made.items():
                 data = (mnt / path.relative_to(src)).read_bytes()
                 with Image.open(io.BytesIO(data)) as im:

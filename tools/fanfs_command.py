@@ -33,6 +33,19 @@ def fanfs(*args: str | os.PathLike, check: bool = True, timeout: float = 300, **
     return done
 
 
+def set_presentation(mountpoint: str | os.PathLike, name: str, text: str) -> None:
+    """What ``fanfs ctl MOUNTPOINT --NAME TEXT`` sends the mount, without a process for every switch of a loop."""
+    from fanfs.records import setting
+    from fanfs.serve.control import request
+    request(os.fspath(mountpoint), {"cmd": "present", name: setting(name).parse(text)}, timeout=600)
+
+
+def mount_stats(mountpoint: str | os.PathLike) -> dict:
+    """The counters ``fanfs stats MOUNTPOINT --json`` prints (settings as codes: 65535 for full)."""
+    from fanfs.serve.control import request
+    return request(os.fspath(mountpoint), {"cmd": "stats"})
+
+
 def force_unmount(mountpoint: Path) -> None:
     """Last-resort cleanup: a lazy unmount (also of a dead mount), then up to 5 s for it to go."""
     from fanfs.util.mounts import mounted, unmount
