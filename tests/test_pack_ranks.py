@@ -18,6 +18,7 @@ import pytest
 from fanfs_command import FANFS, fanfs
 from photo_samples import make_photo_set
 from support.archives import gnu_tar, make_dataset
+from support.processes import mpi_segments, mpi_segments_left
 
 from fanfs.pack.runner import local_runner
 from fanfs.store.format import SHARD_DIR, SHARD_HEADER, read_index
@@ -141,7 +142,9 @@ def test_a_worker_dead_before_the_next_job_is_a_failed_job_not_a_crash():
 
 
 def test_a_rank_killed_outright_leaves_nothing(tmp_path):
-    """The launcher kills every rank when one dies; rank 0's keeper then removes the store being built."""
+    """The launcher kills every rank when one dies; rank 0's keeper then removes the store being built, and the
+    ranks' keepers MPI's segment in /dev/shm (MPI_Finalize removes it; a rank killed outright left it)."""
+    before = mpi_segments()
     src = _slow_source(tmp_path)
     proc = mpi_pack(2, src, tmp_path / "store", "--codec", "zstd:19", "--shard-size", "1M", "--jobs", "1", "-q")
     _wait_for_shards(tmp_path)
@@ -149,6 +152,10 @@ def test_a_rank_killed_outright_leaves_nothing(tmp_path):
     proc.communicate(timeout=120)
     assert proc.returncode != 0
     _nothing_left(tmp_path, str(src))
+    deadline = time.monotonic() + 10  # the keepers run once their rank is gone
+    while mpi_segments_left(before, hosts=1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert mpi_segments_left(before, hosts=1) == []
 
 
 def test_an_unreadable_source_on_rank_0_stops_every_rank(tmp_path):

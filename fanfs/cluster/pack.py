@@ -11,7 +11,7 @@ Failure is one line from rank 0 and nothing left: a job that fails on any rank (
 disk, a worker killed) is reported to rank 0, which removes the partial store and stops every rank; every
 rank then finalises MPI, so the launcher kills nobody and the job's status is rank 0's.  A rank that dies
 outright makes the launcher kill the job; rank 0's keeper process then removes the partial store
-(:mod:`fanfs.pack.janitor`).  A rank silent for :data:`SILENT_FOR` seconds while rank 0 waits on it fails the
+(:mod:`fanfs.pack.janitor`), and each rank's keeper the MPI shared-memory segments its host's ranks held.  A rank silent for :data:`SILENT_FOR` seconds while rank 0 waits on it fails the
 pack too, and a rank that finds the store being built gone without a word from rank 0 for a minute stops by itself.
 """
 
@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import FanfsError
+from ..pack.janitor import Janitor
 from ..pack.pack import PackOptions, PackReport, pack
 from ..pack.runner import LocalRunner, ShardRunner, local_runner
 from ..pack.shards import NoSpace, PackError, ShardJob, ShardResult
-from .world import World
+from .world import World, mpi_segments_held
 
 JOB, RESULT, FAILED, ALIVE, STOP = 11, 12, 13, 14, 15
 SILENT_FOR = 120.0
@@ -114,24 +115,36 @@ def pack_on_ranks(srcs: Sequence[str], store: str, options: PackOptions,
     """Pack with every rank of the launcher's job (rank 0's report; None on the other ranks)."""
     with local_runner(options.jobs) as local:  # forked before MPI starts
         world = World.detect()
-        slots_of = world.comm.gather(local.slots, root=0)
-        if world.rank != 0:
-            _serve(world, local)
-            return None
-        finished = False
-        runners: list[RanksRunner] = []
-
-        def runner(jobs: int) -> contextlib.AbstractContextManager[RanksRunner]:
-            runners.append(RanksRunner(world, local, slots_of))
-            return contextlib.nullcontext(runners[-1])
-
+        janitor = Janitor()
+        for segment in mpi_segments_held():
+            janitor.watch_segment(segment)
         try:
-            report = pack(srcs, store, options, on_warning, runner=runner)
-            report.shards_by_rank = runners[0].started_on
-            finished = True
-            return report
+            return _pack_here(srcs, store, options, on_warning, world, local)
         finally:
-            _stop(world, runners[0].sends if runners else [], failed=not finished)
+            janitor.done()
+
+
+def _pack_here(srcs: Sequence[str], store: str, options: PackOptions, on_warning: Callable[[str], None],
+               world: World, local: LocalRunner) -> PackReport | None:
+    """This rank's part: rank 0 packs and hands out the shard jobs, the others pack what it sends."""
+    slots_of = world.comm.gather(local.slots, root=0)
+    if world.rank != 0:
+        _serve(world, local)
+        return None
+    finished = False
+    runners: list[RanksRunner] = []
+
+    def runner(jobs: int) -> contextlib.AbstractContextManager[RanksRunner]:
+        runners.append(RanksRunner(world, local, slots_of))
+        return contextlib.nullcontext(runners[-1])
+
+    try:
+        report = pack(srcs, store, options, on_warning, runner=runner)
+        report.shards_by_rank = runners[0].started_on
+        finished = True
+        return report
+    finally:
+        _stop(world, runners[0].sends if runners else [], failed=not finished)
 
 
 def _stop(world: World, sends: list[Any], failed: bool) -> None:

@@ -151,6 +151,23 @@ class World:
                 MPI.Finalize()
 
 
+MPI_SEGMENT_PREFIX = "/dev/shm/mpich_shm_"
+"""MPICH's shared memory between the ranks of a host, removed by ``MPI_Finalize``: a rank killed outright leaves it."""
+
+
+def mpi_segments_held() -> list[str]:
+    """The MPI shared-memory segments this process holds open (after MPI's start)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(MPI_SEGMENT_PREFIX) and "/" not in target[len(MPI_SEGMENT_PREFIX):]:
+            held.append(target)
+    return held
+
+
 def load_index(store_root: str, world: World) -> Index:
     """The store's index, read from the shared file system and validated once per job (rank 0) and broadcast:
     the other ranks check its checksum and trust rank 0's validation (the job's start-up is its root of trust)."""

@@ -7,6 +7,9 @@ tells it the partial directory on its standard input, and says ``done`` when not
 input ends without ``done``, the pack is gone: it removes the directory, but only if the directory still holds
 the marker naming that pack's process, and says so on its standard error.
 
+A pack on ranks also tells each rank's keeper the MPI library's shared-memory segments (``segment PATH``): MPI
+removes them when it ends, and a rank killed outright would leave them in /dev/shm.
+
 Where the keeper itself is killed with the job (a batch system that kills the job's whole process tree), the
 next pack of the same store removes the leftover by its marker (:mod:`.destination`).
 """
@@ -35,6 +38,10 @@ class Janitor:
 
     def watch(self, path: str) -> None:
         self._say(os.fsencode(os.path.abspath(path)) + b"\n")
+
+    def watch_segment(self, path: str) -> None:
+        """Remove ``path``, a file in /dev/shm, if the pack dies without saying done."""
+        self._say(b"segment " + os.fsencode(path) + b"\n")
 
     def done(self) -> None:
         """Nothing to clean any more (the store is in place, or the pack removed its leftovers itself)."""
@@ -67,11 +74,20 @@ def _owned_by(path: bytes, pid: int) -> bool:
 
 def main(pid: int) -> int:
     watched: list[bytes] = []
+    segments: list[bytes] = []
     for line in sys.stdin.buffer:
         line = line.rstrip(b"\n")
         if line == b"done":
             return 0
-        watched.append(line)
+        if line.startswith(b"segment /dev/shm/"):
+            segments.append(line[len(b"segment "):])
+        else:
+            watched.append(line)
+    for segment in segments:  # the job is over: the other ranks on this host keep their mappings meanwhile
+        try:
+            os.unlink(segment)
+        except OSError:
+            pass
     for path in watched:  # the pack ended without saying done: it was killed
         if _owned_by(path, pid):
             shutil.rmtree(path, ignore_errors=True)
