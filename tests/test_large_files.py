@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fanfs_command import fanfs
+from fanfs_command import fanfs, stats_command as stats
 
 from fanfs.serve import readahead
 from fanfs.store import Store
@@ -35,10 +34,6 @@ def big(tmp_path_factory):
     (src / "small.txt").write_bytes(b"small\n")
     fanfs("pack", src, base / "store", "--quiet")
     return src, base / "store"
-
-
-def stats(mnt: Path) -> dict:
-    return json.loads(fanfs("stats", mnt, "--json").stdout)
 
 
 def read_in_pieces(path: Path, piece: int = 64 << 10, start_at_end: bool = False) -> bytes:

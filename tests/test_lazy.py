@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fanfs_command import fanfs, force_unmount
+from fanfs_command import fanfs, force_unmount, stats_command as stats
 
 from fanfs.errors import FanfsError
 from fanfs.records import FULL, blob_ranks
@@ -54,10 +54,6 @@ def states(local: Path) -> np.ndarray:
 def disk_bytes(local: Path) -> int:
     """What the local directory really takes (sparse files: their blocks)."""
     return sum(p.stat().st_blocks * 512 for p in local.iterdir())
-
-
-def stats(mnt: Path) -> dict:
-    return json.loads(fanfs("stats", mnt, "--json").stdout)
 
 
 def read_all(mnt: Path, names: list[str]) -> dict[str, bytes]:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fanfs_command import fanfs
+from fanfs_command import fanfs, mount_stats
 
 from fanfs.errors import UsageError
 from fanfs.records import FULL
-from fanfs.serve.control import presenter, request
+from fanfs.serve.control import presenter
 from fanfs.tune.plateau import PlateauSchedule
 
 
@@ -109,7 +109,7 @@ def test_training_raises_precision_when_the_loss_plateaus(tmp_path, mount):
                 total += loss.item() * len(x)
             losses.append(total / SAMPLES)
             levels.append(schedule.level)
-            layers.append(len(request(str(mnt), {"cmd": "stats"})["stored_by_layer"]))  # what 'fanfs stats' asks
+            layers.append(len(mount_stats(mnt)["stored_by_layer"]))
             schedule.step(losses[-1])
             if schedule.done and levels[-1] == FULL and len(levels) - levels.index(FULL) >= 3:
                 break

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fanfs_command import fanfs
+from fanfs_command import fanfs, stats_command as stats
 from photo_samples import make_photo_set
 
 from fanfs.errors import FanfsError, UsageError
@@ -57,10 +57,6 @@ def photo_store(tmp_path_factory):
     # libjpeg's 10 scans, not the compact default's 6: the schedule's byte steps then fall on distinct Ks
     fanfs("pack", base / "src", base / "store", "--scan-script", "libjpeg", "--quiet")
     return base / "store"
-
-
-def stats(mnt: Path) -> dict:
-    return json.loads(fanfs("stats", mnt, "--json").stdout)
 
 
 def train_epoch(model, loader, optimiser) -> float:

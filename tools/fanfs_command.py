@@ -8,6 +8,7 @@ started from here runs (``PYTHONPATH``), whatever the virtualenv has installed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -36,14 +37,20 @@ def fanfs(*args: str | os.PathLike, check: bool = True, timeout: float = 300, **
 def set_presentation(mountpoint: str | os.PathLike, name: str, text: str) -> None:
     """What ``fanfs ctl MOUNTPOINT --NAME TEXT`` sends the mount, without a process for every switch of a loop."""
     from fanfs.records import setting
-    from fanfs.serve.control import request
-    request(os.fspath(mountpoint), {"cmd": "present", name: setting(name).parse(text)}, timeout=600)
+    from fanfs.serve.control import presenter
+    presenter(os.fspath(mountpoint), name)(setting(name).parse(text))
 
 
 def mount_stats(mountpoint: str | os.PathLike) -> dict:
-    """The counters ``fanfs stats MOUNTPOINT --json`` prints (settings as codes: 65535 for full)."""
+    """The counters ``fanfs stats MOUNTPOINT --json`` prints, straight from the mount (settings as codes: 65535
+    for full), without a process."""
     from fanfs.serve.control import request
     return request(os.fspath(mountpoint), {"cmd": "stats"})
+
+
+def stats_command(mountpoint: str | os.PathLike) -> dict:
+    """``fanfs stats MOUNTPOINT --json`` run as a user runs it (settings as options write them: "full")."""
+    return json.loads(fanfs("stats", mountpoint, "--json").stdout)
 
 
 def force_unmount(mountpoint: Path) -> None:
