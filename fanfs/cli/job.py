@@ -9,7 +9,7 @@ from collections.abc import Callable
 from ..errors import UsageError
 from .args import positive, positive_size, size
 from .presentation import add_presentation_options, as_text, known, presentation_values
-from .serve import add_stage_options
+from .serve import add_stage_options, check_stage_options
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -90,8 +90,7 @@ def cmd_job_serve(args: argparse.Namespace) -> int:
     values = presentation_values(args)
     options = MountOptions(cache_size=args.cache_size, workers=args.workers or default_workers(),
                            presentation=known(values))
-    if args.capacity is not None and args.stage != "lazy":
-        raise UsageError("--capacity is the budget of a cache filled as the node reads: add --stage lazy")
+    check_stage_options(args)
     serve_node(os.path.abspath(args.store), options, replicas=args.replicas, auto=unresolved(values),  # once for the job
                mount_fuse=not args.no_mount, stage=args.stage or "full", capacity=args.capacity)
     return 0

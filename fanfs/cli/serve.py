@@ -25,8 +25,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     args.store, args.mountpoint = expand(args.store), expand(args.mountpoint)
     if args.local_dir is None and (args.stage or args.replicas != 1 or args.no_mount):
         raise UsageError("--stage, --replicas and --no-mount need --local-dir")
-    if args.capacity is not None and args.stage != "lazy":
-        raise UsageError("--capacity is the budget of a cache filled as the node reads: add --stage lazy")
+    check_stage_options(args)
     args.foreground = args.foreground or args.no_mount  # a node serving without a mount stays attached
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
@@ -247,6 +246,12 @@ def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
                      f"from the shared store), {ahead['skipped']:,} read before their turn, {ahead['given_up']:,} "
                      f"given up; order: {streams}")
     return lines
+
+
+def check_stage_options(args: argparse.Namespace) -> None:
+    """A capacity only bounds a cache filled as the node reads (mount, job serve)."""
+    if args.capacity is not None and args.stage != "lazy":
+        raise UsageError("--capacity is the budget of a cache filled as the node reads: add --stage lazy")
 
 
 def add_stage_options(p: argparse.ArgumentParser, stage: Any = "") -> None:
