@@ -52,9 +52,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
           f"in {report.shards:,} shards, {report.seconds:.1f} s{rate}")
     for kind in options.kinds:
         kept = [(path, reason) for name, path, reason in report.fallbacks if name == kind.name]
-        print(f"{kind.name}: {report.records.get(kind.name, 0):,} {kind.label}, {len(kept):,} kept as plain files")
+        print(f"{kind.name}: {report.records.get(kind.name, 0):,} {kind.label}, {len(kept):,} {kind.fallback}")
         for path, reason in kept[:20]:
-            print(f"  kept as is: {path}: {reason}")
+            print(f"  {kind.fallback}: {path}: {reason}")
         if len(kept) > 20:
             print(f"  ... and {len(kept) - 20} more")
     if report.shards_by_rank:

@@ -188,6 +188,9 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
     lines.append(f"presented  {human_size(stats['bytes_presented'])}{throughput}   read from storage "
                  f"{human_size(stats['bytes_stored_read'])}"
                  + (f"   in {human_size(stats['bytes_presented'] // stats['reads'])} per read" if stats["reads"] else ""))
+    if stats.get("bytes_spliced") or stats.get("bytes_verified"):
+        lines.append(f"spliced    {human_size(stats['bytes_spliced'])} of it by the kernel from the shards' pages (extents), "
+                     f"{human_size(stats['bytes_verified'])} of those pages read here once to verify them")
     if stats.get("readahead"):
         lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files)")
     if "lookups" in stats:  # a mount's requests for names: one per name not seen in a listing first

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..codecs import Codec
+from ..codecs import Codec, pays
 from ..errors import FanfsError
 from ..ingest import Data
 from .batch import Payload, Ref, source_of
@@ -34,10 +34,6 @@ T = TypeVar("T")
 HEAD = 4096  # bytes a kind sniffs (and a plan classifies) a file by
 SIDE_GROUP = 1 << 16
 """Where side layer j is laid out: group SIDE_GROUP + j, after every layer index (a shard's groups go in order)."""
-MIN_SAVING = 16
-"""A blob is stored compressed only if that saves at least 1/16 of it: a smaller saving costs a decode at every
-read for next to nothing (3.4% of the benchmark's JPEGs were stored zstd-compressed to save 3% of their bytes,
-and each read of them cost ~140 us of CPU instead of ~35)."""
 
 
 class PackError(FanfsError):
@@ -70,6 +66,11 @@ class _Output:
         if len(self._buf) >= _BUFFER:
             self.flush()
         return pos
+
+    def pad_to(self, align: int) -> None:
+        """Zeros up to the next multiple of ``align`` (bytes of no blob: the shard's checksum covers them)."""
+        if self.pos % align:
+            self.append(bytes(align - self.pos % align))
 
     def flush(self) -> None:
         with memoryview(self._buf) as view:
@@ -132,6 +133,8 @@ class ShardWriter:
     def add(self, packed: Packed, codec: Codec | None) -> tuple[int, int]:
         """Write (or spill) a file's blobs, compressed with ``codec`` unless None; returns (first blob, count)."""
         first = len(self.raw)
+        if packed.align:
+            self.out.pad_to(packed.align)
         groups = [*enumerate(packed.layers), *((SIDE_GROUP + j, blobs) for j, blobs in enumerate(packed.side))]
         for group, blobs in groups:
             for item in blobs:
@@ -142,10 +145,8 @@ class ShardWriter:
                         self._spilled.append((blob, group))
                     continue
                 stored = item
-                if codec is not None:
-                    packed_bytes = codec.encode(item)
-                    if len(packed_bytes) <= len(item) - len(item) // MIN_SAVING:
-                        stored = packed_bytes
+                if codec is not None and (packed_bytes := pays(codec, item)) is not None:
+                    stored = packed_bytes
                 target = self.out if group == 0 else self._spill(group)
                 self._slot(target.append(stored), len(stored), len(item), checksum(stored))
                 if group:
@@ -213,6 +214,8 @@ def pack_shard(job: ShardJob, advance: Callable[[int], None] = lambda n: None) -
                     codec = job.plan.codec_index(head) if job.plan is not None else job.default_codec
                 else:
                     codec = job.raw_codec
+                if kind is _PLAIN:
+                    kind, packed, codec = _adopted(job, source, packed, codec, name, fallbacks)
                 first, count = _written(name, lambda: writer.add(packed, job.codecs[codec] if packed.compress else None))
                 advance(source.size)
             finally:
@@ -231,6 +234,22 @@ def pack_shard(job: ShardJob, advance: Callable[[int], None] = lambda n: None) -
         raise
     files = {k: np.array(v, np.uint64 if k == "checksum" else np.int64) for k, v in columns.items()}
     return ShardResult(job.shard, size, digest, files, writer.blob_columns(), fallbacks, by_codec)
+
+
+def _adopted(job: ShardJob, source: SourceFile, packed: Packed, codec: int, name: str,
+             fallbacks: list[tuple[str, str, str]]) -> tuple[RecordKind, Packed, int]:
+    """A plain file as the first kind that adopts it once its codec is known (an extent: its bytes stored raw, laid
+    out to be read in place); why a kind did not is reported as that kind's fallback."""
+    for kind in job.kinds:
+        try:
+            why = kind.adopts(source, job.codecs[codec], codec == job.raw_codec)
+        except OSError as err:
+            raise PackError(f"cannot read {name}: {err.strerror or err}") from None
+        if why is None:
+            return kind, kind.adopt(packed), job.raw_codec
+        if why:
+            fallbacks.append((kind.name, name, why))
+    return _PLAIN, packed, codec
 
 
 class _SourceFailure(Exception):

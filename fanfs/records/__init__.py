@@ -4,6 +4,8 @@ A store knows its files' bytes only as *blobs* grouped into *layers* (index colu
 the file's blobs, file-major; ``layers``; ``record``: the kind id).  A record kind gives them meaning:
 
 * plain files (:mod:`.plain`): one layer of 1 MiB chunks, presented as the original bytes;
+* extents (:mod:`.extent`): large files stored raw as one page-aligned run of their shard, read like plain files
+  and spliced by the FUSE front;
 * progressive JPEG records (:mod:`.jpeg`): one layer per scan, presented as the first K scans + EOI;
 * float records (:mod:`.floats`): the values of .npy/safetensors files as byte planes, one layer per
   plane, presented at a precision (the first 8k bits of each value).
@@ -18,7 +20,7 @@ A *view* is a kind's name for one presentation of a file (JPEG: K layers), :data
 file; :class:`Presentation` holds a mount's settings from which each kind derives its files' views.
 """
 
-from . import floats, jpeg, plain  # noqa: F401  (each registers its kind)
+from . import extent, floats, jpeg, plain  # noqa: F401  (each registers its kind)
 from .base import (SIDE_LAYER, SIDE_LAYERS, AddOption, Packed, Reader, RecordKind, blob_ranks, blobs_read, check_presentation,
                    expand, kind_named, kind_table, kinds, offered, pack_kinds, presentation_notes, register, side_names)
 from .plain import CHUNK_SIZE, PlainFiles

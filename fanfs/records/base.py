@@ -82,6 +82,8 @@ class Packed:
     tiers).  A shard holds them after every file's layers, side layer j of all its files together, so that
     reading one side layer of a whole shard is one contiguous range and a prefix of layers never includes
     one.  Their blobs follow the file's layer blobs: the index's ``count`` has them, ``layers`` does not.
+
+    ``align``: the first blob begins at a multiple of this in its shard (an extent's pages are the shard's pages).
     """
 
     layers: list[Iterable[bytes | int]]
@@ -91,6 +93,7 @@ class Packed:
     compress: bool = True
     notes: list[str] = field(default_factory=list)
     side: list[Iterable[bytes | int]] = field(default_factory=list)
+    align: int = 0
 
     def final_checksum(self) -> int:
         return self.checksum if self.checksum is not None else self.digest.intdigest()
@@ -105,6 +108,8 @@ class RecordKind:
     setting: ClassVar[Setting | None] = None  # the presentation setting this kind's views follow
     setting_unit: ClassVar[int] = 1  # values of the setting are multiples of this
     since_format: ClassVar[int] = 1  # the first store format that may hold this kind
+    fallback: ClassVar[str] = "kept as plain files"  # what pack and info call the files this kind let go
+    in_place: ClassVar[bool] = False  # a file is one run of its shard, read where it lies (spliced by the mount)
 
     def setting_range(self, index: Columns, entries: np.ndarray) -> tuple[int, int]:
         """The values of ``setting`` that mean something for these files (FULL is always allowed)."""
@@ -233,6 +238,15 @@ class RecordKind:
     def pack(self, source: SourceFile, head: bytes) -> Packed | str:
         """Cut the file into layers, or give the reason it cannot be stored this way."""
         raise NotImplementedError
+
+    def adopts(self, source: SourceFile, codec: Any, raw: bool) -> str | None:
+        """For a file no kind claimed by its head, to be stored as a plain file with ``codec`` (``raw``: one that stores
+        bytes as they are): None if this kind stores it instead (:meth:`adopt`), else why not ("": nothing to say)."""
+        return ""
+
+    def adopt(self, packed: Packed) -> Packed:
+        """A plain file's packed chunks, laid out as this kind stores them (after :meth:`adopts` said so)."""
+        return packed
 
     def matches_source(self, reader: Reader, entry: int, source: SourceFile) -> str | None:
         """``fanfs verify --against``: None if the full presentation stands for the source file, else why not.

@@ -37,6 +37,7 @@ from ..store import Store
 from ..store.format import DIR, FILE
 from ..store.shared import SharedChunks
 from . import lowlevel as ll
+from . import splice
 from .workers import ServingProcesses
 
 log = logging.getLogger("fanfs")
@@ -49,14 +50,17 @@ SETTLE_SECONDS = 0.2
 DIRENTPLUS_MIN = 152
 """Bytes of the smallest listing row (``fuse_direntplus``: a 128-byte entry_out and a 24-byte dirent, then the name)."""
 WORKERS = 8
-"""Threads answering reads that wait on a peer (each mostly blocked in a socket, not on the GIL)."""
+"""Threads answering reads that wait on a peer or a disk (each mostly blocked in a socket, a ``pread`` or a splice, not
+on the GIL)."""
 
 
 class Deferred:
     """Worker threads that answer read requests the loop hands over, replying to the kernel themselves."""
 
-    def __init__(self, store: Store, workers: int = WORKERS) -> None:
+    def __init__(self, store: Store, workers: int = WORKERS, splice: bool = False) -> None:
+        """``splice``: extents are answered from their copies' pages (the connection splices)."""
         self.store = store
+        self._extents = store.extents if splice else None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._work, name="fanfs-read", daemon=True) for _ in range(workers)]
         for thread in self._threads:
@@ -70,6 +74,12 @@ class Deferred:
             ll.answer(*job)
 
     def _read(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
+        extents = self._extents
+        if extents is not None and extents.is_extent[entry]:
+            with extents.located(entry, offset, size) as found:
+                if found is not None:
+                    splice.reply_fd(req, *found)
+                    return
         ll.reply_spans(req, self.store.spans(entry, offset, size, view))
 
     def close(self) -> None:
@@ -138,6 +148,7 @@ class FanfsFS:
         self._negative = ll.EntryParam(ino=0, attr_timeout=CACHE_SECONDS, entry_timeout=CACHE_SECONDS)
         self._attr = ll.Stat()
         self._deferred: Deferred | None = None  # started with the first read that needs it
+        self._spliced: memoryview | None = None  # per entry: whether its reads are spliced (once the kernel agreed)
         self.lookups = 0  # lookup requests answered, and names answered in listings with their attributes
         self.listed = 0
         totals = store.meta["totals"]
@@ -179,6 +190,8 @@ class FanfsFS:
 
     def ready(self, session: ll.Session) -> None:
         self.session = session
+        if session.splicing and self.store.extents is not None:
+            self._spliced = self.store.extents.is_extent
         self._on_ready()
 
     def readahead(self) -> int | None:
@@ -212,9 +225,11 @@ class FanfsFS:
     def read(self, req: int, ino: int, size: int, offset: int) -> None:
         entry, view = self._decode(ino)
         view = view or FULL
-        if not self.store.is_local(entry, view):  # a peer or the shared store must answer: never in the loop
+        # an extent is spliced from a copy's pages (its first read of each chunk waits on the disk to verify it),
+        # a file a peer or the shared store must answer waits on them: either by a worker thread, never in the loop
+        if (self._spliced is not None and self._spliced[entry]) or not self.store.is_local(entry, view):
             if self._deferred is None:
-                self._deferred = Deferred(self.store)
+                self._deferred = Deferred(self.store, splice=self._spliced is not None)
             self._deferred.submit(req, entry, view, size, offset)
             return
         ll.reply_spans(req, self.store.spans(entry, offset, size, view))
@@ -308,7 +323,8 @@ def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = Fal
     options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs"]
     if allow_other:
         options.append("allow_other")
-    session = ll.Session(fs, mountpoint, options, debug=debug, readahead_bytes=readahead)
+    session = ll.Session(fs, mountpoint, options, debug=debug, readahead_bytes=readahead,
+                         max_read=splice.max_read() if store.extents is not None else 0)
     try:
         if workers <= 1:
             serving(None)

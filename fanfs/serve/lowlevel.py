@@ -32,8 +32,8 @@ from typing import Protocol
 from ..errors import FanfsError
 from . import readahead
 from .structs import (  # noqa: F401  (re-exported: the front builds its replies from them)
-    ATTR_OFFSET, CAP_READDIRPLUS_AUTO, CONN_MAX_READAHEAD, CONN_WANT, INIT, INO, INO_FI, LOOKUP, READ, Args, EntryParam, FuseBuf, LowLevelOps,
-    Stat, StatVfs, c_ino, c_req, pack_stat, set_entry_ino,
+    ATTR_OFFSET, CAP_READDIRPLUS_AUTO, CAP_SPLICE_WRITE, CONN_CAPABLE, CONN_MAX_READ, CONN_MAX_READAHEAD, CONN_WANT, INIT, INO,
+    INO_FI, LOOKUP, READ, Args, EntryParam, FuseBuf, LowLevelOps, Stat, StatVfs, c_ino, c_req, pack_stat, set_entry_ino,
 )
 
 log = logging.getLogger("fanfs")
@@ -102,6 +102,8 @@ def _supported() -> str:
 
 
 _lib = _load()
+lib = _lib
+"""The loaded libfuse, its functions declared (:mod:`.splice` declares the one it adds)."""
 _libc = ctypes.CDLL(None)
 _libc.free.argtypes, _libc.free.restype = [_vp], None
 reply_err = _lib.fuse_reply_err
@@ -168,13 +170,19 @@ class Session:
     """
 
     def __init__(self, fs: FileSystem, mountpoint: str, options: Sequence[str], *, debug: bool = False,
-                 readahead_bytes: int = 0) -> None:
+                 readahead_bytes: int = 0, max_read: int = 0) -> None:
         """``readahead_bytes``: the kernel's readahead window asked for in this mount's files (0: its default;
-        :mod:`.readahead`); ``self.readahead`` is the window in force once INIT is answered."""
+        :mod:`.readahead`); ``self.readahead`` is the window in force once INIT is answered.  ``max_read``: replies
+        will be spliced (:mod:`.splice`), in requests of at most this many bytes (0: none will); ``self.splicing``
+        says whether the kernel agreed, once INIT is answered."""
         self.fs = fs
         self.mountpoint = mountpoint
         self.readahead_bytes = readahead_bytes
         self.readahead: int | None = None
+        self.max_read = max_read
+        self.splicing = False
+        if self.max_read:
+            options = [*options, f"max_read={self.max_read}"]  # and the same in INIT: 3.14 refuses a mismatch (EPROTO)
         argv = [b"fanfs", b"-o", ",".join(options).encode()] + ([b"-d"] if debug else [])
         self._argv = (ctypes.c_char_p * len(argv))(*argv)
         self._args = Args(len(argv), self._argv, 0)
@@ -210,6 +218,14 @@ class Session:
         # every listing page plus, not only the first (``struct fuse_conn_info``: want is its 7th unsigned int)
         want = ctypes.c_uint.from_address(conn + CONN_WANT)
         want.value &= ~CAP_READDIRPLUS_AUTO
+        if self.max_read:
+            ctypes.c_uint.from_address(conn + CONN_MAX_READ).value = self.max_read
+            self.splicing = bool(ctypes.c_uint.from_address(conn + CONN_CAPABLE).value & CAP_SPLICE_WRITE)
+            if self.splicing:
+                want.value |= CAP_SPLICE_WRITE
+            else:
+                log.warning("the kernel does not offer spliced replies (FUSE_CAP_SPLICE_WRITE): large files are copied "
+                            "through this process")
         # The kernel takes the smaller of the device's readahead and this reply's: so ours is never the smaller
         limit = ctypes.c_uint.from_address(conn + CONN_MAX_READAHEAD)
         limit.value = max(limit.value, self.readahead_bytes)

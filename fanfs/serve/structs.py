@@ -104,7 +104,19 @@ class FuseBuf(ctypes.Structure):
                 ("pos", ctypes.c_int64), ("_spare", ctypes.c_byte * 64)]
 
 
+class FuseBufvec1(ctypes.Structure):
+    """``struct fuse_bufvec`` of one buffer (count, idx, off, then the buffers; only its first is 3.14's own size)."""
+
+    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
+                ("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", _vp), ("fd", ctypes.c_int),
+                ("pos", ctypes.c_int64)]
+
+
+BUF_IS_FD, BUF_FD_SEEK = 1 << 1, 1 << 2  # enum fuse_buf_flags
 # struct fuse_conn_info: proto_major, proto_minor, max_write, max_read, max_readahead, capable, want, ... (unsigned ints)
+CONN_MAX_READ = 3 * ctypes.sizeof(ctypes.c_uint)
 CONN_MAX_READAHEAD = 4 * ctypes.sizeof(ctypes.c_uint)
+CONN_CAPABLE = 5 * ctypes.sizeof(ctypes.c_uint)
 CONN_WANT = 6 * ctypes.sizeof(ctypes.c_uint)
+CAP_SPLICE_WRITE = 1 << 7
 CAP_READDIRPLUS_AUTO = 1 << 14

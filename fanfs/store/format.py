@@ -27,10 +27,10 @@ from ..errors import StoreError
 from ..util.checksum import checksum  # noqa: F401  (re-exported: the store's checksum)
 from ..util.files import open_regular
 
-FORMAT_VERSION = 4
-"""The newest index format this fanfs writes: 4 when files share blobs (hard links), 3 when a store holds JPEG
-resolution tiers, 2 when it holds float records (kinds and layouts older formats lack), else 1."""
-FORMATS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+"""The newest index format this fanfs writes: 5 when it holds extents, 4 when files share blobs (hard links), 3 when a
+store holds JPEG resolution tiers, 2 when it holds float records (kinds and layouts older formats lack), else 1."""
+FORMATS = (1, 2, 3, 4, 5)
 SHARED_BLOBS_FORMAT = 4
 """The first format in which two files may name the same blobs (hard links)."""
 """Index formats this fanfs reads (every store ever written must keep reading byte-exactly)."""

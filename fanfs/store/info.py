@@ -96,7 +96,7 @@ def format_info(info: dict[str, Any]) -> str:
     ]
     for name, r in info["records"].items():
         lines.append(f"{name:<10} {r['files']:,} {r['label']}{kind_named(name).summary(r)}, "
-                     f"{r['fallbacks']:,} kept as plain files")
+                     f"{r['fallbacks']:,} {kind_named(name).fallback}")
         lines.extend(f"{'':<10} {note}" for note in r.get("notes", []))
     width = max([len("codec"), *(len(c["codec"]) for c in info["codecs"])])
     lines.append(f"{'codec':<{width}}   files  full size     stored   ratio")

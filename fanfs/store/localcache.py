@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import FanfsError, NotHeld
 from ..util.checksum import checksum
-from .sources import ShardSource
+from .sources import ShardSource, reopen
 
 log = logging.getLogger("fanfs")
 
@@ -286,6 +286,10 @@ class DiskCache:
     def _unlock(self, blob: int) -> None:
         fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
 
+    def reopen(self) -> int:
+        """A descriptor of the caller's own on the cache's data file (for reads in place)."""
+        return reopen(self._data)
+
     def after_fork(self) -> None:
         """In a forked child: a descriptor of its own for the state file, whose file locks are then this process's
         (the inherited one's are the parent's), and locks no thread of the parent holds."""
@@ -351,6 +355,21 @@ class CachedShards(ShardSource):
                 log.warning("cannot keep blob %d in %s: %s; it is read through from %s (%d so far)", blob,
                             self.cache.directory, why, self.shared.name, self.unkept)
         return data
+
+    def place(self, blob: int, shard: int, offset: int) -> int | None:
+        """A blob the node keeps and has (a kept copy is never dropped while the mount serves); one fetched ahead may
+        be dropped at any time, and one not fetched yet is fetched by :meth:`read`: None for those."""
+        if self.touched is not None:
+            self.touched[blob] = tick()
+        state = self.cache.state(blob)
+        if state == KEPT:
+            return int(self.cache.slot[blob])
+        if state < AHEAD and not self._keep[blob]:
+            raise NotHeld("not kept by this node")
+        return None
+
+    def reopen(self, shard: int, offset: int) -> int | None:
+        return self.cache.reopen()
 
     def read_run(self, first: int, count: int) -> bytes:
         """Asked first for a run of blobs a read lacks (the store then fetches it from a peer in one round trip): the

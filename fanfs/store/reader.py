@@ -19,12 +19,15 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..codecs import Codec, CodecError, codec_from_config
 from ..errors import DataError, FanfsError, NotHeld, StoreError
-from ..records import FULL, SIDE_LAYER, SIDE_LAYERS, Presentation, RecordKind, kind_table
+from ..records import FULL, SIDE_LAYER, SIDE_LAYERS, Presentation, RecordKind, kind_table, kinds
 from ..records.base import Span
 from ..util.files import open_regular
 from .cache import BlobCache
+from .extents import ExtentPlaces
 from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, SHARD_HEADER, check_shard_header, checksum, shard_name
 from .index import Index
 from .stream import StreamChunks
@@ -46,6 +49,8 @@ class Stats:
     cache_misses: int = 0
     decode_seconds: float = 0.0
     errors: int = 0
+    bytes_spliced: int = 0  # presented from a copy's pages by the kernel (extents), never through this process
+    bytes_verified: int = 0  # of those copies, read here once to be checked before they were first spliced
     stored_by_layer: list[int] = field(default_factory=lambda: [0] * (SIDE_LAYER + SIDE_LAYERS))  # += on a list is cheap
     by_source: dict[str, int] = field(default_factory=dict)
 
@@ -58,6 +63,7 @@ class Stats:
                 "stored_by_side_layer": side[:used_side],
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
                 "decode_seconds": round(self.decode_seconds, 6), "errors": self.errors,
+                "bytes_spliced": self.bytes_spliced, "bytes_verified": self.bytes_verified,
                 "by_source": dict(self.by_source)}
 
 
@@ -101,6 +107,8 @@ class Store:
         # lacks fetches them at once, and _fetch takes them from this thread's ``ahead`` (blob -> bytes, source)
         self._runs = any(hasattr(source, "read_run") for source in self.sources)
         self._ahead = threading.local()
+        in_place = np.isin(ix.record, [kind.kind_id for kind in kinds().values() if kind.in_place]) & (ix.type == FILE)
+        self.extents = ExtentPlaces(ix, in_place, self.sources, self.stats, self.chunk_size) if in_place.any() else None
         _OPEN.add(self)
 
     # --- metadata -------------------------------------------------------------------------------
@@ -321,11 +329,15 @@ class Store:
         thread may have held at the fork, in the cache and the sources.  Runs by itself (``os.register_at_fork``)."""
         self.cache.after_fork()
         self.stream.after_fork()
+        if self.extents is not None:
+            self.extents.after_fork()
         for source in self.sources:
             source.after_fork()
 
     def close(self) -> None:
         _OPEN.discard(self)
+        if self.extents is not None:
+            self.extents.close()
         for source in self.sources:
             source.close()
 

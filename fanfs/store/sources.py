@@ -17,7 +17,7 @@ from ..errors import NotHeld, StoreError
 from ..util.files import open_regular
 from .format import SHARD_HEADER, check_shard_header, shard_name
 
-__all__ = ["NotHeld", "ShardSource", "LocalShards", "HeldShards"]
+__all__ = ["NotHeld", "ShardSource", "LocalShards", "HeldShards", "reopen"]
 
 
 class ShardSource:
@@ -31,6 +31,17 @@ class ShardSource:
 
     def rejected(self, blob: int) -> None:
         """The bytes this source gave for ``blob`` failed the store's check (a cache drops its copy)."""
+
+    def place(self, blob: int, shard: int, offset: int) -> int | None:
+        """Where in a file of this node the blob's stored bytes lie, to be read in place (an extent's, spliced);
+        None if this source cannot say (a peer; a copy not made yet): the store reads it with :meth:`read`.
+        NotHeld, as :meth:`read` raises it."""
+        return None
+
+    def reopen(self, shard: int, offset: int) -> int | None:
+        """A new descriptor (the caller's to close) on the file that :meth:`place` positions are in for blobs of
+        ``shard`` at ``offset``: the same file, opened again, so that a stream has read-ahead of its own."""
+        return None
 
     def close(self) -> None:
         pass
@@ -80,6 +91,13 @@ class LocalShards(ShardSource):
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
         return os.pread(self._fd(shard), length, offset)
 
+    def place(self, blob: int, shard: int, offset: int) -> int | None:
+        self._fd(shard)  # there, a regular file, and this store's: checked once
+        return offset
+
+    def reopen(self, shard: int, offset: int) -> int | None:
+        return reopen(self._fd(shard))
+
     def close(self) -> None:
         with self._lock:
             for fd in self._fds.values():
@@ -104,3 +122,14 @@ class HeldShards(LocalShards):
         if not self.held[blob]:
             raise NotHeld(f"blob {blob} is not in {self.name}")
         return super().read(blob, shard, offset, length)
+
+    def place(self, blob: int, shard: int, offset: int) -> int | None:
+        if not self.held[blob]:
+            raise NotHeld(f"blob {blob} is not in {self.name}")
+        return super().place(blob, shard, offset)
+
+
+def reopen(fd: int) -> int:
+    """The file open at ``fd`` opened again, read-only: the same file (not whatever its path names now), with an open
+    file description, and so a read-ahead state, of its own."""
+    return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)

@@ -1,0 +1,44 @@
+"""Spliced replies: a read answered with bytes of a file this process has open, moved by the kernel from that
+file's page cache into the reply (libfuse's ``fuse_reply_data``), so that they never enter this process.
+
+libfuse 3.14 splices when the connection wants ``FUSE_CAP_SPLICE_WRITE`` (:class:`.lowlevel.Session` asks for it
+when given a ``max_read``) and the reply fits the pipe it keeps per thread.  The trap measured here: it asks for a
+pipe of the reply plus three pages and a header, a pipe may not exceed ``/proc/sys/fs/pipe-max-size`` (1 MiB; more
+needs CAP_SYS_RESOURCE), and once growing a pipe failed it copies every reply through memory for good, without a
+word (1 MiB requests asked for 1,060,880 bytes).  :func:`max_read` keeps every request below that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+from .lowlevel import lib
+from .structs import BUF_FD_SEEK, BUF_IS_FD, FuseBufvec1, c_req
+
+log = logging.getLogger("fanfs")
+
+lib.fuse_reply_data.restype = ctypes.c_int
+lib.fuse_reply_data.argtypes = [c_req, ctypes.POINTER(FuseBufvec1), ctypes.c_int]
+_PIPE_EXTRA_PAGES = 3  # libfuse 3.14: one page per iovec (the header) and per buffer, and one more
+
+
+def max_read() -> int:
+    """The largest read request whose spliced reply libfuse sends as one splice (at most 1 MiB, the kernel's)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        limit = 1 << 20
+    return max(page, min(1 << 20, (limit - _PIPE_EXTRA_PAGES * page - 16) // page * page))
+
+
+def reply_fd(req: int, fd: int, position: int, length: int) -> None:
+    """Reply with ``length`` bytes at ``position`` of the file open at ``fd`` (spliced: see the module).  A failure
+    to read them is answered as an error by libfuse itself, and logged here."""
+    bufvec = FuseBufvec1(count=1, size=length, flags=BUF_IS_FD | BUF_FD_SEEK, fd=fd, pos=position)
+    failed = lib.fuse_reply_data(req, ctypes.byref(bufvec), 0)
+    if failed > 0:
+        log.error("a spliced reply of %d bytes failed: %s (answered as an error)", length, os.strerror(failed))

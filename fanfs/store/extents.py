@@ -1,0 +1,191 @@
+"""Where an extent's bytes lie in a file this node holds, verified, so that a FUSE reply can splice them.
+
+An extent (:mod:`fanfs.records.extent`, a kind whose files are read in place) is one run of its shard, and stays one run in every copy a node keeps:
+a staged shard (the same offsets), the lazy cache (a 4 KiB-aligned slot per blob: 1 MiB chunks back to back).
+:meth:`ExtentPlaces.locate` answers a read with ``(fd, position, length)`` in such a copy, and the FUSE front
+hands that to the kernel (:func:`fanfs.serve.splice.reply_fd`), which moves the page-cache pages into the
+reply: the daemon never holds the bytes.
+
+**Nothing unverified is served.**  The first time a chunk is located in a copy, its stored bytes are read once
+(``pread`` into a reused buffer: the disk read the splice would have made, after which the page cache holds them)
+and checked against the index; only then, and from then on, is it located there.  Which copy verified each chunk
+is kept in memory the mount's serving processes share.  A chunk that fails, or a copy that cannot say where its
+bytes are (a peer, a blob still being fetched), is read by the store's copy path, which finds a good copy or
+answers EIO with a log line.  Bytes changed in a copy *after* they were verified would be served as they are
+now: the guarantee is "verified before first served" (docs/guarantees.rst).
+
+**One descriptor per file being read** (opened anew on the copy, not shared): the kernel keeps read-ahead state
+per open file, so each stream reads ahead for itself.  At most :data:`STREAMS` are kept; the least recently used
+one not in a reply is closed for a new one.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..errors import NotHeld
+from ..util.checksum import checksum
+from .sources import ShardSource
+
+STREAMS = 64
+"""Descriptors kept open for files being read (each a stream with its own read-ahead)."""
+VERIFY_LOCKS = 64
+"""Chunks being verified at once by one process's threads (a lock per chunk number modulo this)."""
+
+
+class _Stream:
+    __slots__ = ("fd", "source", "users")
+
+    def __init__(self, fd: int, source: int) -> None:
+        self.fd, self.source, self.users = fd, source, 0
+
+
+class ExtentPlaces:
+    """Locates verified extent bytes in the copies ``sources`` hold, for a store's index and stats."""
+
+    def __init__(self, index: Any, is_extent: np.ndarray, sources: Sequence[ShardSource], stats: Any, chunk_size: int) -> None:
+        """``is_extent``: a bool per entry (files of a kind read in place)."""
+        self._index, self._sources, self._stats, self._chunk = index, list(sources), stats, chunk_size
+        self.is_extent = memoryview(is_extent)
+        self._first, self._size, self._shard = memoryview(index.first), memoryview(index.size), memoryview(index.shard)
+        self._offset, self._stored = memoryview(index.blob_offset), memoryview(index.blob_stored)
+        self._checksum = memoryview(index.blob_checksum)
+        blobs = max(1, int(index.blob_offset.size))
+        self._memory = mmap.mmap(-1, blobs)  # shared with the serving processes forked after this
+        self.verified = np.frombuffer(self._memory, np.uint8, blobs)  # per blob: 1 + the source it was checked in
+        self._verified = memoryview(self._memory)
+        self._streams: OrderedDict[int, _Stream] = OrderedDict()
+        self._lock = threading.Lock()
+        self._verifying = [threading.Lock() for _ in range(VERIFY_LOCKS)]
+        self._buffers = threading.local()
+
+    @contextmanager
+    def located(self, entry: int, offset: int, size: int) -> Iterator[tuple[int, int, int] | None]:
+        """``(fd, position, length)`` of bytes ``[offset, offset + size)`` of extent ``entry`` (cut at its end) in a
+        copy this node holds, verified, the descriptor kept open until the block ends; None: read them another way."""
+        end = min(offset + size, self._size[entry])
+        found = self._place(entry, offset, end) if offset < end else None
+        if found is None:
+            yield None
+            return
+        stream, position = found
+        try:
+            yield stream.fd, position, end - offset
+        finally:
+            with self._lock:
+                stream.users -= 1
+
+    def _place(self, entry: int, offset: int, end: int) -> tuple[_Stream, int] | None:
+        chunk, first, shard = self._chunk, self._first[entry], self._shard[entry]
+        blobs = range(first + offset // chunk, first + (end - 1) // chunk + 1)
+        where = None
+        for blob in blobs:
+            found = self._where(blob, shard)
+            if found is None:
+                return None
+            source, position = found
+            if where is None:
+                where = (source, position - (blob - blobs[0]) * chunk)
+            elif where != (source, position - (blob - blobs[0]) * chunk):
+                return None  # not one run in one copy: the copy path puts the pieces together
+        source, start = where
+        stream = self._stream(entry, source)
+        if stream is None:
+            return None
+        for blob in blobs:
+            if self._verified[blob] != source + 1 and not self._verify(stream, blob, start + (blob - blobs[0]) * chunk):
+                with self._lock:
+                    stream.users -= 1
+                return None
+        stats = self._stats
+        stats.reads += 1
+        stats.bytes_presented += end - offset
+        stats.bytes_spliced += end - offset
+        return stream, start + offset % chunk
+
+    def _where(self, blob: int, shard: int) -> tuple[int, int] | None:
+        """The first source that may hold the blob, and where it keeps it (None: that source cannot say)."""
+        for i, source in enumerate(self._sources):
+            try:
+                place = source.place(blob, shard, self._offset[blob])
+            except NotHeld:
+                continue
+            return None if place is None else (i, place)
+        return None
+
+    def _verify(self, stream: _Stream, blob: int, position: int) -> bool:
+        """Read the blob's bytes in this copy once and check them; the page cache then holds them for the splice.
+        (The kernel's read-ahead asks for neighbouring parts of one chunk at once: one thread reads it, the others wait.)"""
+        with self._verifying[blob % len(self._verifying)]:
+            return self._verified[blob] == stream.source + 1 or self._check(stream, blob, position)
+
+    def _check(self, stream: _Stream, blob: int, position: int) -> bool:
+        length = self._stored[blob]
+        buffer = getattr(self._buffers, "buffer", None)
+        if buffer is None or len(buffer) < length:
+            buffer = self._buffers.buffer = bytearray(max(length, self._chunk))
+        view = memoryview(buffer)[:length]
+        try:
+            got = os.preadv(stream.fd, [view], position)
+        except OSError:
+            return False
+        if got != length or checksum(view) != self._checksum[blob]:
+            self._sources[stream.source].rejected(blob)
+            return False
+        self._verified[blob] = stream.source + 1
+        self._stats.bytes_verified += length
+        return True
+
+    def _stream(self, entry: int, source: int) -> _Stream | None:
+        """This file's descriptor on the copy in ``source`` (opened now if it has none there), marked in use; None if
+        the file's descriptor on another copy is in a reply right now (this read then takes the copy path)."""
+        with self._lock:
+            stream = self._streams.get(entry)
+            if stream is not None:
+                if stream.source == source:
+                    self._streams.move_to_end(entry)
+                    stream.users += 1
+                    return stream
+                if stream.users:
+                    return None
+                os.close(self._streams.pop(entry).fd)
+        fd = self._sources[source].reopen(self._shard[entry], self._offset[self._first[entry]])
+        if fd is None:
+            return None
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass
+        fresh = _Stream(fd, source)
+        fresh.users = 1
+        with self._lock:
+            if entry in self._streams:  # another thread opened one meanwhile: use the newer, close the other when idle
+                self._streams[-1 - fd] = fresh
+            else:
+                self._streams[entry] = fresh
+            idle = [key for key, s in self._streams.items() if not s.users][:max(0, len(self._streams) - STREAMS)]
+            for key in idle:  # least recently used first, never one in a reply
+                os.close(self._streams.pop(key).fd)
+        return fresh
+
+    def after_fork(self) -> None:
+        """In a forked serving process: descriptors and read-ahead state of its own (the parent's are closed here)."""
+        self._lock = threading.Lock()
+        self._verifying = [threading.Lock() for _ in range(VERIFY_LOCKS)]
+        for stream in self._streams.values():
+            os.close(stream.fd)
+        self._streams.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            for stream in self._streams.values():
+                os.close(stream.fd)
+            self._streams.clear()

@@ -1,0 +1,273 @@
+"""Issue 34: large files that do not compress are extents (one page-aligned run of a shard), read through the kernel.
+
+A read of an extent is answered with ``fuse_reply_data`` from the shard's pages: the daemon reads each chunk once to
+verify it, and never again.  The tests read through real mounts and watch the daemon's own read counter
+(``rchar`` in /proc/PID/io): bytes presented again after the kernel dropped the file's pages must not be read
+by the daemon a second time.  Crafted extents are refused at open; a flipped byte under one is an EIO.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fanfs_command import fanfs, stats_command as stats
+from support.crafting import rewrite
+from support.nobody import RUN_AS_NOBODY
+
+from fanfs.errors import StoreError
+from fanfs.records.extent import ALIGN, EXTENT_MIN, Extents
+from fanfs.serve import control
+from fanfs.store import Store
+from fanfs.store.format import FILE, SHARD_DIR, shard_name
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def extents(tmp_path_factory):
+    """A 12.3 MiB and a 1 MiB random file (extents), a text volume (chunked), a sparse file, a small file."""
+    base = tmp_path_factory.mktemp("extents")
+    src = base / "src"
+    (src / "vol").mkdir(parents=True)
+    rng = np.random.default_rng(34)
+    (src / "vol" / "big.raw").write_bytes(rng.bytes(12 * MIB + 4321))
+    (src / "vol" / "one.h5").write_bytes(rng.bytes(MIB))
+    (src / "vol" / "text.csv").write_bytes(b"1.0,2.0,3.0\n" * 400_000)
+    with open(src / "vol" / "sparse.img", "wb") as f:
+        f.truncate(4 * MIB)
+        f.seek(MIB + 5)
+        f.write(rng.bytes(300))
+    (src / "small.bin").write_bytes(rng.bytes(5000))
+    out = fanfs("pack", src, base / "store").stdout
+    return src, base / "store", out
+
+
+def test_pack_lays_out_what_does_not_compress_as_page_aligned_extents(extents):
+    src, store, out = extents
+    assert "extent: 2 extents, 2 large files kept chunked" in out
+    assert "vol/text.csv: zstd:3 saves" in out and "vol/sparse.img: it has holes" in out
+    s = Store(str(store))
+    ix = s.index
+    assert ix.meta["format"] == 5 and ix.meta["records"]["extent"]["files"] == 2
+    kinds = {os.fsdecode(ix.path(e)): int(ix.record[e]) for e in np.flatnonzero(ix.type == FILE)}
+    assert kinds == {"vol/big.raw": Extents.kind_id, "vol/one.h5": Extents.kind_id, "vol/text.csv": 0,
+                     "vol/sparse.img": 0, "small.bin": 0}
+    for name in ("vol/big.raw", "vol/one.h5"):
+        entry = s.lookup(name.encode())
+        first, count = int(ix.first[entry]), int(ix.count[entry])
+        offsets = ix.blob_offset[first:first + count].astype(np.int64)
+        assert offsets[0] % ALIGN == 0 and (np.diff(offsets) == MIB).all()
+        assert (ix.blob_stored[first:first + count] == ix.blob_raw[first:first + count]).all()
+        assert s.read_file(name) == (src / name).read_bytes()  # the in-process reader reads them as chunks
+    s.close()
+    assert fanfs("verify", store, "--against", src).stdout.startswith("ok:")
+    assert "extent     2 extents" in fanfs("info", store).stdout
+
+
+def test_no_extents_keeps_every_file_chunked(extents, tmp_path):
+    src, _, _ = extents
+    fanfs("pack", src, tmp_path / "store", "--no-extents", "--quiet")
+    s = Store(str(tmp_path / "store"))
+    assert s.meta["format"] < 5 and not (s.index.record == Extents.kind_id).any() and s.extents is None
+    s.close()
+
+
+def _blobs(columns, path: bytes) -> tuple[int, int, int]:
+    """(entry, first blob, blob count) of a file of the ``crafting`` store, by its path."""
+    offsets, paths = columns["path_offset"], columns["paths"].tobytes()
+    entry = next(e for e in range(offsets.size - 1) if paths[offsets[e]:offsets[e + 1]] == path)
+    return entry, int(columns["first"][entry]), int(columns["count"][entry])
+
+
+def _misaligned(meta, c):
+    _, first, _ = _blobs(c, b"a.bin")
+    c["blob_offset"][first] += 8  # still inside the shard: b.bin follows it
+
+
+def _not_back_to_back(meta, c):
+    _, first, _ = _blobs(c, b"c.bin")
+    c["blob_offset"][first + 1] -= ALIGN
+
+
+def _overlapping(meta, c):
+    _, extent, _ = _blobs(c, b"a.bin")
+    _, small, _ = _blobs(c, b"b.bin")
+    c["blob_offset"][small] = c["blob_offset"][extent] + 100
+
+
+def _compressed(meta, c):
+    _, first, _ = _blobs(c, b"a.bin")
+    c["blob_stored"][first] -= 1
+
+
+def _too_small(meta, c):
+    entry, first, _ = _blobs(c, b"a.bin")
+    c["size"][entry] = c["blob_raw"][first] = c["blob_stored"][first] = EXTENT_MIN - 1
+
+
+def _old_format(meta, c):
+    meta["format"] = 4
+
+
+CRAFTED = {"misaligned": (_misaligned, "page boundary"), "not back to back": (_not_back_to_back, "back to back"),
+           "overlapping a blob": (_overlapping, "overlaps another blob"), "compressed": (_compressed, "stored raw"),
+           "too small": (_too_small, "smaller than an extent"), "in format 4": (_old_format, "format 4")}
+
+
+@pytest.fixture(scope="module")
+def crafting(tmp_path_factory):
+    """A one-chunk extent and a small file after it in one shard (shards hold 1 MiB here), and a two-chunk extent."""
+    base = tmp_path_factory.mktemp("crafting")
+    rng = np.random.default_rng(35)
+    (base / "src").mkdir()
+    for name, size in (("a.bin", 300 << 10), ("b.bin", 5000), ("c.bin", 3 * MIB // 2)):
+        (base / "src" / name).write_bytes(rng.bytes(size))
+    fanfs("pack", base / "src", base / "store", "--quiet")
+    s = Store(str(base / "store"))
+    assert s.index.shard[s.lookup(b"a.bin")] == s.index.shard[s.lookup(b"b.bin")]
+    s.close()
+    return base / "store"
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_a_crafted_extent_is_refused_at_open_with_one_line(crafting, tmp_path, case):
+    edit, reason = CRAFTED[case]
+    victim = tmp_path / "victim"
+    shutil.copytree(crafting, victim)
+    rewrite(victim, edit)
+    with pytest.raises(StoreError, match=reason) as err:
+        Store(str(victim))
+    assert "\n" not in str(err.value)
+    done = fanfs("info", victim, check=False)
+    assert done.returncode == 1 and done.stderr.startswith("fanfs: error:") and "Traceback" not in done.stderr
+
+
+def _daemon_rchar(mnt: Path) -> int:
+    pid = control.request(str(mnt), {"cmd": "status"}, timeout=5)["pid"]
+    with open(f"/proc/{pid}/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def _drop_pages(path: Path) -> None:
+    """Make the kernel forget the file's pages in the mount: its next read is asked of the daemon again."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_extents_are_spliced_and_never_pass_through_the_daemon_twice(extents, mount):
+    src, store, _ = extents
+    size = (src / "vol" / "big.raw").stat().st_size
+    with mount(store) as mnt:
+        assert (mnt / "vol" / "big.raw").read_bytes() == (src / "vol" / "big.raw").read_bytes()
+        first = stats(mnt)
+        assert first["bytes_spliced"] == size and first["bytes_verified"] == size  # each chunk checked once
+        _drop_pages(mnt / "vol" / "big.raw")
+        before = _daemon_rchar(mnt)
+        assert (mnt / "vol" / "big.raw").read_bytes() == (src / "vol" / "big.raw").read_bytes()
+        read_by_daemon = _daemon_rchar(mnt) - before
+        again = stats(mnt)
+        assert again["bytes_spliced"] == 2 * size and again["bytes_verified"] == size
+        assert read_by_daemon < 256 << 10, read_by_daemon  # the control socket's requests, no file bytes
+        # the chunked files are copied as before, and right
+        for name in ("vol/text.csv", "vol/sparse.img", "small.bin", "vol/one.h5"):
+            assert (mnt / name).read_bytes() == (src / name).read_bytes(), name
+
+
+def test_many_readers_at_odd_offsets_read_exact_bytes(extents, mount):
+    src, store, _ = extents
+    want = (src / "vol" / "big.raw").read_bytes()
+    rng = np.random.default_rng(7)
+    ranges = [(int(rng.integers(0, len(want))), int(rng.integers(1, 3 * MIB))) for _ in range(64)]
+    with mount(store) as mnt:
+        def read(at: tuple[int, int]) -> bool:
+            offset, length = at
+            fd = os.open(mnt / "vol" / "big.raw", os.O_RDONLY | os.O_DIRECT) if offset % 2 else \
+                os.open(mnt / "vol" / "big.raw", os.O_RDONLY)
+            try:
+                return os.pread(fd, length, offset) == want[offset:offset + length]
+            finally:
+                os.close(fd)
+
+        with ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(read, ranges))
+        assert stats(mnt)["errors"] == 0
+
+
+def test_a_flipped_byte_under_an_extent_is_an_eio_and_a_log_line(extents, tmp_path, mount):
+    src, store, _ = extents
+    victim = tmp_path / "victim"
+    shutil.copytree(store, victim)
+    s = Store(str(victim))
+    entry = s.lookup(b"vol/big.raw")
+    first = int(s.index.first[entry])
+    shard, bad = int(s.index.shard[entry]), int(s.index.blob_offset[first + 5]) + 1234  # in chunk 5
+    s.close()
+    with open(victim / SHARD_DIR / shard_name(shard), "r+b") as f:
+        f.seek(bad)
+        byte = f.read(1)
+        f.seek(bad)
+        f.write(bytes([byte[0] ^ 0x40]))
+    want = (src / "vol" / "big.raw").read_bytes()
+    with mount(victim) as mnt:
+        fd = os.open(mnt / "vol" / "big.raw", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 5 * MIB, 0) == want[:5 * MIB]
+            with pytest.raises(OSError) as err:
+                os.pread(fd, MIB, 5 * MIB)
+            assert err.value.errno == errno.EIO
+            assert os.pread(fd, MIB, 6 * MIB) == want[6 * MIB:7 * MIB]
+        finally:
+            os.close(fd)
+        assert stats(mnt)["errors"] >= 1
+        lines = [line for line in Path(control.log_path(str(mnt))).read_text().splitlines() if "EIO" in line]
+        assert len(lines) == 1 and "vol/big.raw" in lines[0] and "checksum mismatch" in lines[0], lines
+
+
+@pytest.fixture
+def fuse_for_users():
+    """/dev/fuse open to every user, as a distribution ships it (a container may make it root's alone)."""
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    os.chmod("/dev/fuse", mode | 0o666)
+    yield
+    os.chmod("/dev/fuse", mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to be another user")
+def test_an_unprivileged_daemon_splices_too(extents, fuse_for_users):
+    src, store, _ = extents
+    mine = Path(tempfile.mkdtemp(prefix="fanfs-test-nobody-"))  # not under pytest's directory: root's alone
+    shutil.copytree(store, mine / "store")
+    mnt = mine / "mnt"
+    mnt.mkdir()
+    for directory, _, names in os.walk(mine):
+        for name in [directory, *(os.path.join(directory, n) for n in names)]:
+            shutil.chown(name, "nobody", "nogroup")
+    fanfs_as_nobody = [sys.executable, str(RUN_AS_NOBODY)]  # the daemon and the commands as nobody, in nobody's
+    env = {k: v for k, v in os.environ.items() if k != "FANFS_RUNTIME_DIR"}  # runtime directory, not this session's
+    subprocess.run([*fanfs_as_nobody, "mount", str(mine / "store"), str(mnt)], check=True, capture_output=True, env=env)
+    try:
+        digest = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sha256sum",
+                                 str(mnt / "vol" / "big.raw")], check=True, capture_output=True, text=True).stdout
+        assert digest.split()[0] == hashlib.sha256((src / "vol" / "big.raw").read_bytes()).hexdigest()
+        got = json.loads(subprocess.run([*fanfs_as_nobody, "stats", str(mnt), "--json"], check=True,
+                                        capture_output=True, text=True, env=env).stdout)
+        assert got["bytes_spliced"] == (src / "vol" / "big.raw").stat().st_size
+    finally:
+        subprocess.run([*fanfs_as_nobody, "umount", str(mnt)], capture_output=True, env=env)
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-uz", str(mnt)])
+        shutil.rmtree(mine, ignore_errors=True)
