@@ -5,7 +5,8 @@ file, a three-chunk file, a sparse file, two JPEG records, a symlink and an empt
 shards.  ``format2`` and ``format2-elf`` (written by ``tests/fixtures/make_format2.py``) add float
 records, lossless and ELF within 1e-4: real weights (silero-vad), every float dtype, NaN, inf,
 denormals, a two-chunk array, a fallback.  ``format3`` (``tests/fixtures/make_format3.py``) holds JPEG records
-with resolution tiers 1/2 and 1/4 (``sha256_tiers``: each record's bytes at each tier).  Each manifest holds every entry's type, mode, mtime, size
+with resolution tiers 1/2 and 1/4 (``sha256_tiers``: each record's bytes at each tier); ``format4`` hard links
+(``make_format4.py``); ``format5`` extents, read through the mount by splicing (``make_format5.py``).  Each manifest holds every entry's type, mode, mtime, size
 and sha256 (at every view for the records: fidelity K, or precision 8k).  A format change must keep this passing (a reader for the old format) or refuse the
 store with one clear line; it must never read it differently.
 """
@@ -29,7 +30,7 @@ from fanfs.store import Store
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="module", params=["format1", "format2", "format2-elf", "format3", "format4"])
+@pytest.fixture(scope="module", params=["format1", "format2", "format2-elf", "format3", "format4", "format5"])
 def fixture(request):
     base = FIXTURES / request.param
     return base / "store", json.loads((base / "manifest.json").read_text()), base / "originals"

@@ -105,6 +105,10 @@ class ExtentPlaces:
                 with self._lock:
                     stream.users -= 1
                 return None
+        served = self._sources[source].served_in_place
+        for blob in blobs:
+            low = max(offset, (blob - first) * chunk)
+            served(blob, min(end, (blob - first + 1) * chunk) - low, low == (blob - first) * chunk)
         stats = self._stats
         stats.reads += 1
         stats.bytes_presented += end - offset

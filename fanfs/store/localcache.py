@@ -368,6 +368,10 @@ class CachedShards(ShardSource):
             raise NotHeld("not kept by this node")
         return None
 
+    def served_in_place(self, blob: int, length: int, from_start: bool) -> None:
+        self.hits += from_start
+        self.hit_bytes += length
+
     def reopen(self, shard: int, offset: int) -> int | None:
         return self.cache.reopen()
 

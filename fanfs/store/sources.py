@@ -38,6 +38,10 @@ class ShardSource:
         NotHeld, as :meth:`read` raises it."""
         return None
 
+    def served_in_place(self, blob: int, length: int, from_start: bool) -> None:
+        """``length`` bytes of the blob were served where :meth:`place` said they lie (``from_start``: from its first
+        byte on: a read of the blob, as :meth:`read` counts them)."""
+
     def reopen(self, shard: int, offset: int) -> int | None:
         """A new descriptor (the caller's to close) on the file that :meth:`place` positions are in for blobs of
         ``shard`` at ``offset``: the same file, opened again, so that a stream has read-ahead of its own."""
