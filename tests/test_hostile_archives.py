@@ -55,6 +55,8 @@ CASES = {
     "file-then-dir": ([member("a", b"file"), member("a/b.txt")], "name clash: a is a file"),
     "dir-then-file": ([member("a/b.txt"), member("a", b"file")], "name clash: a is a directory"),
     "hardlink-missing": ([member("h", kind=tarfile.LNKTYPE, link="nowhere")], "not an earlier member"),
+    "hardlink-to-later": ([member("b", kind=tarfile.LNKTYPE, link="a"), member("a")], "not an earlier member"),
+    "hardlink-to-itself": ([member("h", kind=tarfile.LNKTYPE, link="h")], "not an earlier member"),
     "hardlink-to-dir": ([member("d/", kind=tarfile.DIRTYPE), member("h", kind=tarfile.LNKTYPE, link="d")],
                         "a directory"),
     "hardlink-out": ([member("h", kind=tarfile.LNKTYPE, link="../../etc/passwd")], "'..'"),
