@@ -8,7 +8,8 @@ Merging: a directory named by two sources (or twice by one) is one directory; a 
 that is a file in one place and a directory in another, is a clash and refused.  Directories an archive only
 implies (``a/b/c`` without ``a/``) are made, mode 0755, until the archive names them.  A hard link becomes the
 file it names (:data:`~.members.HARDLINK`), through any chain of links to links, as GNU tar extracts them; a
-symbolic link from an archive must resolve inside the tree.
+symbolic link from an archive must resolve inside the tree, and so must a hard link to one (it is that link
+again, at its own place in the tree).
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class TreeBuilder:
             self._links[new] = target
             if kind == SYMLINK:
                 self._targets[new] = self._targets[target]
+                if member.archived or target in self._archived_links:  # checked as the link it copies
+                    self._archived_links[new] = member.where
         elif kind == SYMLINK:
             self._targets[new] = member.target
             if member.archived:
