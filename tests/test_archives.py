@@ -276,3 +276,28 @@ def test_shared_blobs_only_as_whole_hard_links(dataset, tmp_path, edit, expect):
     rewrite(store, lambda meta, cols: edit(meta, cols, a, b))
     with pytest.raises(StoreError, match=expect):
         Store(str(store))
+
+
+def test_hard_link_chains_are_the_file_they_end_at(tmp_path, mount):
+    """b -> a, c -> b, d -> c (and the same to a symbolic link): GNU tar extracts each as another name of the
+    first; so does a pack, into a store that opens, verifies, and reads as GNU tar's extraction does."""
+    body = b"the one file\n" * 1000
+    archive = tmp_path / "chains.tar"
+    archive.write_bytes(tar_bytes([
+        member("a", body), member("b", kind=tarfile.LNKTYPE, link="a"), member("c", kind=tarfile.LNKTYPE, link="b"),
+        member("sub/d", kind=tarfile.LNKTYPE, link="c"), member("s", kind=tarfile.SYMTYPE, link="a"),
+        member("s2", kind=tarfile.LNKTYPE, link="s"), member("s3", kind=tarfile.LNKTYPE, link="s2")]))
+    extracted = tmp_path / "gnu"
+    extracted.mkdir()
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(extracted)], check=True)
+    store = tmp_path / "store"
+    fanfs("pack", archive, store, "--quiet")
+    s = Store(str(store))
+    assert s.meta["format"] == 4 and len({int(s.index.first[s.lookup(n)]) for n in (b"a", b"b", b"c", b"sub/d")}) == 1
+    assert fanfs("verify", store, "--quiet").stdout.startswith("ok:")
+    _check_against(store, extracted)
+    with mount(store) as mnt:
+        for name in ("a", "b", "c", "sub/d", "s", "s2", "s3"):
+            assert (mnt / name).read_bytes() == (extracted / name).read_bytes() == body
+        for name in ("s", "s2", "s3"):
+            assert os.readlink(mnt / name) == os.readlink(extracted / name) == "a"

@@ -241,6 +241,8 @@ def test_a_failed_mount_says_libfuse_s_reason_in_one_line(store):
     base = Path(tempfile.mkdtemp(prefix="fanfs-test-nobody-", dir="/tmp"))
     try:
         shutil.copytree(store / "store", base / "store")
+        for path in [base / "store", *(base / "store").rglob("*")]:  # packed in pytest's 0700 directory: private
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
         (base / "mnt").mkdir()
         os.chmod(base, 0o755)
         for path in (base / "mnt", base):

@@ -55,6 +55,8 @@ CASES = {
     "file-then-dir": ([member("a", b"file"), member("a/b.txt")], "name clash: a is a file"),
     "dir-then-file": ([member("a/b.txt"), member("a", b"file")], "name clash: a is a directory"),
     "hardlink-missing": ([member("h", kind=tarfile.LNKTYPE, link="nowhere")], "not an earlier member"),
+    "hardlink-to-later": ([member("b", kind=tarfile.LNKTYPE, link="a"), member("a")], "not an earlier member"),
+    "hardlink-to-itself": ([member("h", kind=tarfile.LNKTYPE, link="h")], "not an earlier member"),
     "hardlink-to-dir": ([member("d/", kind=tarfile.DIRTYPE), member("h", kind=tarfile.LNKTYPE, link="d")],
                         "a directory"),
     "hardlink-out": ([member("h", kind=tarfile.LNKTYPE, link="../../etc/passwd")], "'..'"),
@@ -84,6 +86,51 @@ def test_links_pointing_out_are_left_out_with_a_warning(tmp_path):
     for left_out in ("abs", "climb", "chain"):
         assert f"skipped symbolic link {tmp_path / 'odd.tar'}:{left_out} -> " in err
     assert s.readlink(s.lookup(b"dir/up")) == b"../data.txt"
+
+
+def test_hard_links_to_links_pointing_out_are_left_out_too(tmp_path):
+    """A hard link to a symbolic link is that link again, at its own place: checked as a symbolic link is."""
+    s, err = _packed(tmp_path, tar_bytes([
+        member("data.txt", b"data"), member("dir/", kind=tarfile.DIRTYPE),
+        member("evil", kind=tarfile.SYMTYPE, link="/etc/passwd"),
+        member("evil2", kind=tarfile.LNKTYPE, link="evil"),  # a copy of a link left out
+        member("evil3", kind=tarfile.LNKTYPE, link="evil2"),  # and a copy of that copy
+        member("dir/up", kind=tarfile.SYMTYPE, link="../data.txt"),  # inside: kept
+        member("dir/up2", kind=tarfile.LNKTYPE, link="dir/up"),  # the same place: inside, kept
+        member("up3", kind=tarfile.LNKTYPE, link="dir/up"),  # one level up, ../data.txt climbs out
+    ]))
+    assert {os.fsdecode(name) for name, *_ in s.listdir(0)} == {"data.txt", "dir"}
+    for left_out in ("evil", "evil2", "evil3", "up3"):
+        assert f"skipped symbolic link {tmp_path / 'odd.tar'}:{left_out} -> " in err
+    assert s.readlink(s.lookup(b"dir/up2")) == b"../data.txt"
+
+
+@pytest.mark.parametrize("source", ["tar", "directory"])
+def test_hard_links_to_links_pointing_out_of_nested_archives(tmp_path, source):
+    """With --expand-archives, a link out inside a nested tar or zip, and hard links to it from inside that
+    archive or from the archive around it, are all left out; the source is a tar of archives or a directory."""
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as z:
+        info = zipfile.ZipInfo("zevil")
+        info.create_system, info.external_attr = 3, (0o120777 << 16)
+        z.writestr(info, "/etc/shadow")
+    inner = tar_bytes([member("evil", kind=tarfile.SYMTYPE, link="../../etc/passwd"),
+                       member("evil2", kind=tarfile.LNKTYPE, link="evil")])
+    outer = [member("ok.txt"), member("inner.tar", inner), member("z.zip", zipped.getvalue())]
+    if source == "tar":
+        outer += [member("h1", kind=tarfile.LNKTYPE, link="inner/evil"),
+                  member("h2", kind=tarfile.LNKTYPE, link="z/zevil")]
+        archive = tmp_path / "outer.tar"
+        archive.write_bytes(tar_bytes(outer))
+    else:
+        archive = tmp_path / "src"
+        archive.mkdir()
+        for info, data in outer:
+            (archive / info.name).write_bytes(data)
+    fanfs("pack", archive, tmp_path / "store", "--expand-archives", "--quiet")
+    s = Store(str(tmp_path / "store"))
+    kept = sorted(os.fsdecode(s.index.path(e)) for e in range(1, s.index.entries))
+    assert kept == ["inner", "ok.txt", "z"]
 
 
 def test_devices_and_fifos_are_skipped_with_a_warning(tmp_path):

@@ -22,7 +22,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
     from ..records import pack_kinds
     from ..cluster.world import launched_ranks, local_ranks
     from ..util.server import keep_large_buffers
+    from ..util.privacy import narrow_umask, shared_read_bits
     keep_large_buffers()  # shards of members' bytes, and their copies, reuse heap pages (workers inherit it)
+    narrow_umask(shared_read_bits(src for src in args.src if src != "-"))  # the store: no more open than its sources
     ranks = launched_ranks()[1]
     jobs = args.jobs or max(1, len(os.sched_getaffinity(0)) // (local_ranks() if ranks > 1 else 1))
     options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=jobs,
@@ -70,6 +72,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 def cmd_select(args: argparse.Namespace) -> int:
     from ..pack.select import Demand, format_report, make_plan, parse_fraction, parse_rate, plot, select, selection_json
+    from ..util.privacy import narrow_umask, shared_read_bits
+    narrow_umask(shared_read_bits([args.src]))  # a plan's dictionaries hold pieces of the source's files
     demand = Demand(mode=args.mode, rate=parse_rate(args.rate) if args.rate else None,
                     samples_per_sec=args.samples_per_sec, threads=args.threads, overhead=parse_fraction(args.overhead),
                     headroom=parse_fraction(args.headroom), capacity=args.capacity, nodes=args.nodes,

@@ -6,7 +6,8 @@ the header and the node's ranges written, the rest a hole), so the reader needs 
 blob is checked against its checksum as it is copied (a bad shared copy is reported, not staged); a
 new copy is written under a temporary name and renamed into place.  On a rerun a local copy already
 there has every held blob re-checked and only the blobs that fail are copied again, so a crash resumes
-where it stopped.  The index is read from the shared file system once per job and broadcast.  Rank 0
+where it stopped.  Copies are no more readable by other users than the store they come from
+(:mod:`fanfs.util.privacy`).  The index is read from the shared file system once per job and broadcast.  Rank 0
 shows one progress bar for the whole job (the other ranks send it their progress) and prints the
 per-node report.
 """
@@ -17,6 +18,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +27,11 @@ import numpy as np
 
 from ..errors import FanfsError
 from ..records import Presentation, blobs_read, expand
-from ..store.format import SHARD_DIR, SHARD_HEADER, shard_name
+from ..store.format import INDEX_NAME, SHARD_DIR, SHARD_HEADER, shard_name
 from ..store.index import Index
 from ..store.sources import HeldShards
 from ..util.checksum import checksum
+from ..util.privacy import file_mode, readable_by_others
 from ..util.files import open_regular
 from ..util.progress import Progress
 from ..util.runtime import private_dir
@@ -194,8 +197,9 @@ def _copy_blobs(src_fd: int, dst_fd: int, part: ShardPart, which: np.ndarray, in
         advance(length)
 
 
-def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, advance: Any) -> int:
-    """Make the local copy of one shard hold ``part`` intact; returns the bytes copied (0: it was)."""
+def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, advance: Any, mode: int) -> int:
+    """Make the local copy of one shard hold ``part`` intact, its mode no wider than ``mode``; returns the
+    bytes copied (0: it was)."""
     name = shard_name(part.shard)
     dst = os.path.join(local_dir, name)
     size = int(index.shard_size[part.shard])
@@ -208,6 +212,8 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
             fd = -1
         if fd >= 0:  # a copy from an earlier run: mend what is not intact
             try:
+                if (now := stat.S_IMODE(os.fstat(fd).st_mode)) & ~mode:  # an older fanfs's 0644, a store made private
+                    os.fchmod(fd, now & mode)
                 if os.fstat(fd).st_size == size and os.pread(fd, SHARD_HEADER.size, 0) == header:
                     bad = _bad_blobs(fd, part, index)
                     if bad.size:
@@ -217,8 +223,9 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
             finally:
                 os.close(fd)
         tmp = dst + ".tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
         try:
+            os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & mode)  # a leftover .tmp keeps its mode otherwise
             os.ftruncate(fd, size)
             os.pwrite(fd, header, 0)
             _copy_blobs(src_fd, fd, part, np.arange(part.blobs.size), index, advance)
@@ -243,6 +250,7 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     report = NodeReport(world.rank)
     parts: list[ShardPart] = []
     error = None
+    mode = file_mode(readable_by_others(os.path.join(store_root, INDEX_NAME)))
     try:
         make_local_dir(local_dir)
         _forget_staged(local_dir)  # until this staging is complete, the directory holds no known presentation
@@ -271,7 +279,7 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
 
     for part in parts:
         try:
-            copied = stage_part(store_root, local_dir, part, index, advance)
+            copied = stage_part(store_root, local_dir, part, index, advance, mode)
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):  # every later shard would fail alike: say it once
                 report.problems.append(f"{local_dir}: {err.strerror} after copying {human_size(done)} of "
@@ -293,15 +301,16 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     bar.close()
     reports: list[NodeReport] = world.allgather(report)
     world.agree("; ".join(report.problems) or None)
-    write_staged(local_dir, index.meta["store_id"], presentation)
+    write_staged(local_dir, index.meta["store_id"], presentation, mode)
     return StageReport(reports, placement.replicas, time.monotonic() - started, presentation) \
         if world.rank == 0 else None
 
 
-def write_staged(local_dir: str, store_id: str, presentation: Presentation) -> None:
+def write_staged(local_dir: str, store_id: str, presentation: Presentation, mode: int) -> None:
     """Record which presentation a staged directory holds (a mount reads the other layers elsewhere)."""
     path = os.path.join(local_dir, STAGED_NAME)
-    with open(path + ".tmp", "w") as f:
+    with open(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode),
+              "w") as f:
         json.dump({"store_id": store_id, **presentation}, f)
         f.flush()
         os.fsync(f.fileno())

@@ -145,7 +145,8 @@ class Expander:
                 self._add(self._symlink(path, entry.linkname, entry.mtime, at, origin))
             elif kind == tar.HARDLINK:
                 target = join(prefix, member_path(entry.linkname, where))
-                self._add(Member(path, HARDLINK, 0, entry.mtime, target=target, where=at, origin=origin))
+                self._add(Member(path, HARDLINK, 0, entry.mtime, target=target, where=at, origin=origin,
+                                 archived=True))
             elif self.expand and (inner := expanded_name(name)) is not None:
                 yield from self._nested(_Pieces(reader.data(entry)), at, join(prefix, inner), entry.mtime, origin,
                                         budget, depth)

@@ -40,7 +40,7 @@ class Member:
     data: Data | None = None  # FILE: where its bytes are
     where: str = ""  # for messages: "train.tar:n01440764/x.JPEG"
     origin: int = 0  # which source it came from (a number the tree builder's list of sources names)
-    archived: bool = False  # from an archive: its symlinks must stay inside the tree
+    archived: bool = False  # from an archive: its symlinks (and hard links to symlinks) must stay inside the tree
     spooled: bool = False  # ``data`` is a temporary file the consumer removes once the file is packed
 
 

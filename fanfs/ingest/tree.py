@@ -7,7 +7,9 @@ id as it comes (what pack's shard jobs refer to) and :meth:`TreeBuilder.finish` 
 Merging: a directory named by two sources (or twice by one) is one directory; a file named twice, or a name
 that is a file in one place and a directory in another, is a clash and refused.  Directories an archive only
 implies (``a/b/c`` without ``a/``) are made, mode 0755, until the archive names them.  A hard link becomes the
-file it names (:data:`~.members.HARDLINK`); a symbolic link from an archive must resolve inside the tree.
+file it names (:data:`~.members.HARDLINK`), through any chain of links to links, as GNU tar extracts them; a
+symbolic link from an archive must resolve inside the tree, and so must a hard link to one (it is that link
+again, at its own place in the tree).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Tree:
     first: np.ndarray  # child range for directories
     count: np.ndarray
     targets: dict[int, bytes] = field(default_factory=dict)
-    links: list[tuple[int, int]] = field(default_factory=list)  # (entry, entry of the file it is another name of)
+    links: list[tuple[int, int]] = field(default_factory=list)  # (entry, entry it is another name of: never a link)
     entry_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # provisional id -> entry (-1: left out)
 
 
@@ -60,7 +62,7 @@ class TreeBuilder:
         self._children: dict[int, array] = {0: array("q")}  # directory -> its entries (no int object each)
         self._implied: set[int] = {0}
         self._targets: dict[int, bytes] = {}
-        self._links: list[tuple[int, int]] = []
+        self._links: dict[int, int] = {}  # hard link -> the member it names again (never itself a hard link)
         self._archived_links: dict[int, str] = {}  # link -> where it came from
         self._origin = array("H", [0])  # the source each entry came from, for a clash's message
 
@@ -81,14 +83,17 @@ class TreeBuilder:
                 raise IngestError(f"{member.where}: hard link to {show(member.target)}, which is "
                                   f"{'a directory' if target is not None else 'not an earlier member'}: "
                                   "fanfs cannot make it the file it names")
+            target = self._links.get(target, target)  # a link to a link: the member that one names (a chain)
             kind, mode, size = self._type[target], self._mode[target], self._size[target]
         new = self._new(path, parent, kind, mode, member.mtime, size)
         if kind == DIR:
             self._children[new] = array("q")
         elif member.type == HARDLINK:
-            self._links.append((new, target))
+            self._links[new] = target
             if kind == SYMLINK:
                 self._targets[new] = self._targets[target]
+                if member.archived or target in self._archived_links:  # checked as the link it copies
+                    self._archived_links[new] = member.where
         elif kind == SYMLINK:
             self._targets[new] = member.target
             if member.archived:
@@ -178,7 +183,8 @@ class TreeBuilder:
         return Tree([path[p] for p in order], entry_of[np.frombuffer(self._parent, np.int64)[ids]], column["type"],
                     column["mode"], column["mtime"], column["size"], first[ids], count[ids],
                     {int(entry_of[p]): target for p, target in self._targets.items()},
-                    [(int(entry_of[a]), int(entry_of[b])) for a, b in self._links if entry_of[a] >= 0 <= entry_of[b]],
+                    [(int(entry_of[a]), int(entry_of[b])) for a, b in self._links.items()
+                     if entry_of[a] >= 0 <= entry_of[b]],
                     entry_of)
 
     def _escapes(self, link_path: bytes) -> bool:

@@ -23,7 +23,8 @@ import xxhash
 
 from ..errors import FanfsError, StoreError
 from ..util.files import read_regular
-from .format import SAVED_NAMES
+from ..util.privacy import file_mode, readable_by_others
+from .format import INDEX_NAME, SAVED_NAMES
 from .index import Index
 
 SAVED_FORMAT = 1
@@ -55,7 +56,8 @@ def write_saved(root: str, name: str, index: Index, content: dict[str, Any], rem
     data = json.dumps({**body, "checksum": f"{_sealed(body):016x}"}, allow_nan=False).encode() + b"\n"
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     file_mode(readable_by_others(os.path.join(root, INDEX_NAME))))  # as private as the store
         try:
             os.write(fd, data)
             os.fsync(fd)

@@ -1,0 +1,62 @@
+"""How private what fanfs writes must be: no more readable by other users than the data it comes from.
+
+Another user reads a file only if its mode lets their class (group or other) read it and every directory
+above it lets them search it.  What fanfs writes from a store or a source (a pack's store, staged copies,
+spill files) gets the read bits the original grants through that whole path, never more: a 0700 store, or a
+0755 one in a 0700 home, gives 0600 files and 0700 directories, wherever they are written (a ``--local-dir``
+made with a plain ``mkdir`` included).  Owners keep read and write; nothing is ever made wider than the
+umask already makes it.  (ACLs are not read: a store shared only through an ACL gives private copies.)
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+
+_CLASSES = ((stat.S_IRGRP, stat.S_IXGRP), (stat.S_IROTH, stat.S_IXOTH))
+
+
+def readable_by_others(path: str) -> int:
+    """The read bits (``S_IRGRP``, ``S_IROTH``) of the classes that can read ``path`` (a directory: list and
+    enter it) through every directory above it; 0 if it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    bits = 0
+    for read, search in _CLASSES:
+        if st.st_mode & read and (not stat.S_ISDIR(st.st_mode) or st.st_mode & search):
+            bits |= read
+    here = os.path.abspath(path)
+    while bits and (parent := os.path.dirname(here)) != here:
+        here = parent
+        try:
+            above = os.stat(here)
+        except OSError:
+            return 0
+        if not above.st_mode & stat.S_IXOTH:
+            bits &= ~stat.S_IROTH
+            if not (above.st_mode & stat.S_IXGRP and above.st_gid == st.st_gid):  # the file's group, not another
+                bits &= ~stat.S_IRGRP
+    return bits
+
+
+def shared_read_bits(paths: Iterable[str]) -> int:
+    """The read bits every one of ``paths`` grants (see :func:`readable_by_others`)."""
+    bits = stat.S_IRGRP | stat.S_IROTH
+    for path in paths:
+        bits &= readable_by_others(path)
+    return bits
+
+
+def file_mode(read_bits: int) -> int:
+    """The mode to create a file with: the owner's read and write, and ``read_bits`` for the others."""
+    return 0o600 | read_bits
+
+
+def narrow_umask(read_bits: int) -> None:
+    """Make this process (and what it forks) create nothing readable, listable or enterable by a class that
+    ``read_bits`` leaves out, nor writable by anyone else; what the umask closed stays closed."""
+    closed = 0o077 & ~(read_bits | read_bits >> 2)
+    os.umask(os.umask(0) | closed)

@@ -1,0 +1,140 @@
+"""Issue 35: whatever fanfs writes on a node is no more readable by another user than the store it comes from.
+
+A 0700 store is staged (``fanfs stage`` on 2 ranks of a real mpiexec) into local directories made with a plain
+``mkdir`` (0755) and mounted lazily (its cache files, its log and control socket in a runtime directory
+another user can reach); then the user ``nobody`` tries to open every file fanfs wrote there: each must be
+refused.  Staged copies of a 0755 store may stay readable (as private as the store, not more), and a store
+packed from a private source is private itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from fanfs_command import fanfs, mounted
+
+from fanfs.util.privacy import file_mode, readable_by_others
+
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+as_another_user = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not MPIEXEC.exists(),
+                                     reason="needs root and setpriv to act as another user, and the pip mpich's mpiexec")
+
+_TRY_READ = """
+import sys
+for path in sys.argv[1:]:
+    try:
+        open(path, "rb").close()
+        print("read", path)
+    except PermissionError:
+        pass
+    except OSError as err:
+        print(f"not refused ({err.strerror})", path)
+"""
+
+
+def opened_by_nobody(paths: list[Path]) -> list[str]:
+    """The lines ``nobody`` prints for the files it could open (or that failed but not with EACCES)."""
+    done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "/usr/bin/python3",
+                           "-c", _TRY_READ, *map(str, paths)], capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout.splitlines()
+
+
+def files_under(*roots: Path) -> list[Path]:
+    return sorted(Path(top) / name for root in roots for top, _, names in os.walk(root) for name in names)
+
+
+@pytest.fixture
+def shared(tmp_path):
+    """A 0755 directory another user can reach (pytest's own are 0700), removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="fanfs-test-private-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _stage(store: Path, shared: Path) -> None:
+    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-m", "fanfs", "stage", str(store),
+                           str(shared / "local{rank}"), "--replicas", "1", "--quiet"],
+                          capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert done.returncode == 0, done.stderr
+
+
+def _stage_and_mount(store: Path, shared: Path, mnt: Path) -> list[Path]:
+    """``fanfs stage`` on 2 ranks and a lazy mount read through; the files they wrote under ``shared``."""
+    for rank in range(2):
+        (shared / f"local{rank}").mkdir()  # a plain mkdir: 0755
+    _stage(store, shared)
+    (shared / "cache").mkdir()
+    env = {**os.environ, "FANFS_RUNTIME_DIR": str(shared / "run")}
+    with mounted(store, mnt, "--local-dir", str(shared / "cache"), "--stage", "lazy", env=env):
+        for path in files_under(mnt):
+            path.read_bytes()
+        written = files_under(shared / "local0", shared / "local1", shared / "cache", shared / "run")
+    names = {path.name for path in written}
+    assert any(name.isdigit() for name in names) and ".staged" in names, names
+    assert len(files_under(shared / "cache")) >= 2, written  # the lazy cache's state and data
+    return written
+
+
+@pytest.mark.slow  # an mpiexec job and a mount
+@as_another_user
+def test_what_fanfs_writes_from_a_private_store_no_other_user_reads(shared, tmp_path):
+    src = shared / "src"
+    (src / "d").mkdir(parents=True)
+    for i in range(20):
+        (src / "d" / f"{i}.bin").write_bytes(os.urandom(30_000))
+    os.chmod(src, 0o700)  # a private source makes a private store
+    store = shared / "store"
+    fanfs("pack", src, store, "--shard-size", "64K", "--quiet")
+    assert opened_by_nobody(files_under(store)) == []
+    written = _stage_and_mount(store, shared, tmp_path / "mnt")
+    assert opened_by_nobody(written) == []
+    staged = files_under(shared / "local0", shared / "local1", shared / "cache")
+    assert all(path.stat().st_mode & 0o077 == 0 for path in staged), [oct(p.stat().st_mode) for p in staged]
+    older = next(path for path in staged if path.name.isdigit())
+    os.chmod(older, 0o644)  # as an older fanfs staged it: a second staging, which keeps the copy, narrows it
+    _stage(store, shared)
+    assert older.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.slow  # an mpiexec job and a mount
+@as_another_user
+def test_staged_copies_of_an_open_store_may_stay_readable(shared, tmp_path):
+    """As private as the store, not more: a 0755 store's staged copies keep the umask's 0644."""
+    src = shared / "src"
+    src.mkdir()
+    for i in range(8):
+        (src / f"{i}.bin").write_bytes(os.urandom(30_000))
+    store = shared / "store"
+    fanfs("pack", src, store, "--shard-size", "64K", "--quiet")
+    written = _stage_and_mount(store, shared, tmp_path / "mnt")
+    shards = [path for path in written if path.name.isdigit()]
+    assert {line.split()[0] for line in opened_by_nobody(shards)} == {"read"}
+    assert all(path.stat().st_mode & 0o777 == 0o644 for path in shards)
+
+
+def test_a_store_is_as_private_as_the_directories_above_it(shared):
+    """Another user reads a file only through directories they may enter: an open store in a private
+    directory (a 0700 home) is private; the group counts only where a directory above is the file's group's."""
+    store = shared / "home" / "store"
+    store.mkdir(parents=True)
+    index = store / "index"
+    index.write_bytes(b"")
+    os.chmod(index, 0o644)
+    os.chmod(store, 0o755)
+    for home, expect in ((0o700, 0o600), (0o750, 0o640), (0o711, 0o644), (0o755, 0o644)):
+        os.chmod(shared / "home", home)
+        assert file_mode(readable_by_others(str(index))) == expect, oct(home)
+    if os.geteuid() == 0:  # a directory of another group lets the file's group through only if it is theirs
+        os.chown(shared / "home", -1, os.getgid() + 1)
+        os.chmod(shared / "home", 0o750)
+        assert file_mode(readable_by_others(str(index))) == 0o600
+    os.chmod(store, 0o700)
+    os.chmod(shared / "home", 0o755)
+    assert file_mode(readable_by_others(str(index))) == 0o600
