@@ -15,6 +15,7 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -63,6 +64,43 @@ def fanfs_mount(store: Path, mnt: Path, *options: str, env: dict[str, str] | Non
     """``fanfs mount`` (returns once serving); yields the daemon pid; always unmounted afterwards."""
     with mounted(store, mnt, *options, env=env, cwd=cwd):
         yield daemon_pid(mnt)
+
+
+_AS_NOBODY = """import os, pwd, sys
+import fanfs.cli.serve, fanfs.serve.daemon, fanfs.serve.fusefs, fanfs.store
+from fanfs.cli.main import main
+user = pwd.getpwnam("nobody")
+os.setgroups([]); os.setgid(user.pw_gid); os.setuid(user.pw_uid)
+sys.exit(main(sys.argv[1:]))
+"""
+"""``python -c _AS_NOBODY ARGS``: ``fanfs ARGS`` as nobody, its modules imported first as root (whose interpreter
+nobody may not be able to read)."""
+
+
+@contextlib.contextmanager
+def unprivileged_mount(store: Path, mnt: Path, *options: str) -> Iterator[int]:
+    """``fanfs mount`` by the user nobody (no capability: the readahead stays the kernel's 128 KiB), with allow_other so
+    that this process's readers may read it.  For the time of the mount, /dev/fuse is opened to every user and
+    /etc/fuse.conf allows allow_other, as a site that lets users mount does; the store is made readable to nobody."""
+    fuse_conf, dev = Path("/etc/fuse.conf"), "/dev/fuse"
+    conf = fuse_conf.read_text() if fuse_conf.exists() else ""
+    mode = os.stat(dev).st_mode & 0o777
+    for path in [*(p for p in store.parents if str(p) != "/" and p.stat().st_uid == os.getuid()), *store.rglob("*"), store]:
+        os.chmod(path, path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+    mnt.mkdir(parents=True, exist_ok=True)
+    shutil.chown(mnt, "nobody", "nogroup")
+    env = {k: v for k, v in os.environ.items() if k != "FANFS_RUNTIME_DIR"}
+    try:
+        os.chmod(dev, mode | 0o666)
+        if "\nuser_allow_other" not in f"\n{conf}":
+            fuse_conf.write_text(conf + "\nuser_allow_other\n")
+        run([sys.executable, "-c", _AS_NOBODY, "mount", store, mnt, "-o", "allow_other", *options], env=env)
+        yield int(run(["pgrep", "-u", "nobody", "-o", "-f", f"mount {store} {mnt}"]).stdout.split()[0])
+    finally:
+        unmount(mnt)
+        force_unmount(mnt)
+        os.chmod(dev, mode)
+        fuse_conf.write_text(conf)
 
 
 @contextlib.contextmanager

@@ -287,8 +287,7 @@ class DiskCache:
         fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
 
     def reopen(self) -> int:
-        """A descriptor of the caller's own on the cache's data file (for reads in place)."""
-        return reopen(self._data)
+        return reopen(self._data)  # the data file, on a descriptor of the caller's own
 
     def after_fork(self) -> None:
         """In a forked child: a descriptor of its own for the state file, whose file locks are then this process's
@@ -357,8 +356,7 @@ class CachedShards(ShardSource):
         return data
 
     def place(self, blob: int, shard: int, offset: int) -> int | None:
-        """A blob the node keeps and has (a kept copy is never dropped while the mount serves); one fetched ahead may
-        be dropped at any time, and one not fetched yet is fetched by :meth:`read`: None for those."""
+        """A kept blob that is here (never dropped while the mount serves); None for others (read them)."""
         if self.touched is not None:
             self.touched[blob] = tick()
         state = self.cache.state(blob)
