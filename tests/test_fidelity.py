@@ -89,6 +89,18 @@ def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("make", [None, "file"])
+def test_a_bad_mount_point_fails_before_auto_measures(jpeg_store, tmp_path, make):
+    """Issue 35: ``--fidelity auto:`` measured for 22 s, then failed on the mount point: it is checked first."""
+    mnt = tmp_path / "mnt"
+    if make == "file":
+        mnt.write_bytes(b"")
+    done = fanfs("mount", jpeg_store[1], mnt, "--fidelity", "auto:0.95", check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"mount point {mnt}" in done.stderr and "mkdir -p" in done.stderr, done.stderr
+    assert done.stdout == "", "nothing measured, no K chosen"
+
+
 def test_low_fidelity_reads_fewer_bytes(jpeg_store, mount):
     src, store, samples = jpeg_store
     stored = {}

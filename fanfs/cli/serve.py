@@ -29,6 +29,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     args.foreground = args.foreground or args.no_mount  # a node serving without a mount stays attached
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
+    if not job:  # before auto values are measured (seconds to minutes): a bad mount point is known at once
+        from ..serve.daemon import check_mountpoint, opened_paths
+        check_mountpoint(os.path.abspath(args.mountpoint), opened_paths(args.store))
     presentation = known(values) if job else resolved(args.store, values)
     options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,
                            allow_other="allow_other" in args.o, debug=args.debug,

@@ -73,8 +73,10 @@ def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
         dead = "" if os.path.ismount(mountpoint) else " whose daemon has ended (it answers 'Transport endpoint is " \
             "not connected')"
         raise StoreError(f"{mountpoint} is already a mount point{dead}: 'fanfs umount {mountpoint}' first")
+    if not os.path.lexists(mountpoint):
+        raise StoreError(f"mount point {mountpoint} does not exist: create it first (mkdir -p {mountpoint})")
     if not os.path.isdir(mountpoint):
-        raise StoreError(f"mount point {mountpoint} is not a directory: create it first")
+        raise StoreError(f"mount point {mountpoint} is not a directory: give a directory (mkdir -p one)")
     st = os.stat(mountpoint)
     for what, path in opened.items():
         if _at_or_under(path, (st.st_dev, st.st_ino)):
