@@ -272,6 +272,18 @@ def test_a_full_disk_during_a_lazy_fetch_reads_through_and_says_why(photos, tmp_
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
+def test_an_order_told_to_a_mount_that_is_not_lazy_says_why_it_is_ignored(tmp_path, mount):
+    """Issue 35: 'unknown command 'order'' told a user nothing; the mount says why it has nothing to fetch ahead."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"a")
+    fanfs("pack", tmp_path / "src", tmp_path / "store", "--quiet")
+    (tmp_path / "order").write_text("a\n")
+    with mount(tmp_path / "store") as mnt:
+        done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "not lazily staged" in done.stderr and "--stage lazy" in done.stderr and "unknown" not in done.stderr
+
+
 @pytest.mark.slow
 def test_an_order_is_fetched_ahead(photos, tmp_path, mount):
     store, names, expected = photos

@@ -305,3 +305,4 @@ def test_an_order_sampler_has_a_lazily_staged_mount_fetch_ahead(photo_store, tmp
         with caplog.at_level("WARNING", logger="fanfs"):
             assert sorted(sampler) == sorted(sampler) == list(range(len(data)))
         assert sum("did not take the order" in r.message for r in caplog.records) == 1
+        assert "not lazily staged" in caplog.text and "unknown command" not in caplog.text  # why, in its words

@@ -102,6 +102,14 @@ def _at_or_under(path: str, directory: tuple[int, int]) -> bool:
         current = parent
 
 
+def _order_ignored(message: dict[str, Any]) -> dict[str, Any]:
+    """The order of coming reads, told to a mount that has nothing to fetch ahead (a lazily staged node's hooks
+    take it instead): said why, so that a sampler's warning and ``ctl --order`` explain themselves."""
+    raise ValueError("the order is ignored: this mount is not lazily staged (mount --local-dir DIR --stage lazy, or "
+                     "FANFS_STAGE=lazy in a job), so it has nothing to fetch ahead: every file is read from its "
+                     "staged copy or the store when opened")
+
+
 def opened_paths(store_root: str, local_dir: str | None = None) -> dict[str, str]:
     """What a daemon serving ``store_root`` opens while it serves: none may lie under its mount point.
     Its index and shards are named one by one, since any of them may be a symbolic link elsewhere."""
@@ -239,6 +247,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
                              "workers": options.workers, "readahead": fs.readahead(), **fs.presentation},
         "stats": stats,
         "present": present,
+        "order": _order_ignored,
         **hooks.commands,
     })
     try:
