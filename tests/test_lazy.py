@@ -321,6 +321,34 @@ def test_lazy_options_misused_are_one_line(photos, tmp_path):
     force_unmount(tmp_path / "mnt")
 
 
+def test_capacity_figures_agree_and_never_exceed_the_capacity(photos, tmp_path, mount):
+    """Issue 35: the mount's log, ``info --capacity`` and ``stats`` gave three figures for one node (85.9, 74.3 and
+    30.1 MiB against a 30.0 MiB capacity): one definition (cache slots, :meth:`CachePlan.kept_bytes`, which the log
+    line uses too), the same figures in info and stats, none above the capacity, whatever the cache holds while an
+    order is fetched ahead and the files are read."""
+    from fanfs.util.units import human_size
+    store, names, expected = photos
+    total = int(Store(str(store), check_shards=False).index.blob_stored.sum())
+    capacity = total // 3
+    info = json.loads(fanfs("info", store, "--capacity", str(capacity), "--json").stdout)["capacity"]
+    (share,), (keeps,) = info["node_share_bytes"], info["node_kept_bytes"]
+    assert 0 < keeps <= capacity < share
+    order = tmp_path / "order"
+    order.write_text("\n".join(random.Random(2).sample(names, len(names))) + "\n")
+    with mount(store, "--local-dir", tmp_path / "local", "--stage", "lazy", "--capacity", str(capacity)) as mnt:
+        fanfs("ctl", mnt, "--order", order)
+        seen = []
+        for n in names:
+            assert read(mnt / n) == expected[FULL][n]
+            seen.append(stats(mnt)["cache"])
+        text = fanfs("stats", mnt).stdout
+    assert f"keeps up to {human_size(keeps)} of its {human_size(share)} share" in text
+    assert all(c["keeps_bytes"] == keeps and c["share_bytes"] == share and c["capacity"] == capacity for c in seen)
+    assert max(c["held_bytes"] for c in seen) <= capacity
+    assert max(c["kept_bytes"] for c in seen) <= keeps
+    assert f"{human_size(share):>9} {human_size(keeps):>12}" in fanfs("info", store, "--capacity", str(capacity)).stdout
+
+
 def test_info_capacity(photos):
     store, _, _ = photos
     index = Store(str(store), check_shards=False).index

@@ -234,8 +234,9 @@ def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
     """``fanfs stats`` of a lazily staged node's cache: what it may hold and holds, hits, fetches, read-throughs; what
     it fetched ahead of its readers (``ahead``, once it was given their order)."""
     capacity = f"capacity {human_size(cache['capacity'])}" if cache["capacity"] is not None else "no capacity set"
-    lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its share, "
-             f"holds {human_size(cache['held_bytes'])} now ({human_size(cache['ahead_bytes'])} of it fetched ahead)",
+    lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its "
+             f"{human_size(cache['share_bytes'])} share; {human_size(cache['held_bytes'])} on disk now "
+             f"({human_size(cache['ahead_bytes'])} of it fetched ahead)",
              f"           {cache['hit_blobs']:,} blobs read here ({human_size(cache['hit_bytes'])}), {cache['fills']:,} "
              f"fetched and kept ({human_size(cache['fill_bytes'])}, {cache.get('peer_fills', 0):,} of them copied from "
              f"a peer that fetched them from the shared store), "
