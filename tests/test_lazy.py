@@ -272,13 +272,30 @@ def test_a_full_disk_during_a_lazy_fetch_reads_through_and_says_why(photos, tmp_
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
-def test_an_order_told_to_a_mount_that_is_not_lazy_says_why_it_is_ignored(tmp_path, mount):
-    """Issue 35: 'unknown command 'order'' told a user nothing; the mount says why it has nothing to fetch ahead."""
+@pytest.fixture
+def one_file_store(tmp_path) -> Path:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a").write_bytes(b"a")
     fanfs("pack", tmp_path / "src", tmp_path / "store", "--quiet")
+    return tmp_path / "store"
+
+
+def test_an_order_with_a_64_kib_line_is_taken(one_file_store, tmp_path, mount):
+    """Issue 35: a 64 KiB line (no file of the store) came back whole as the answer's example, over the control
+    socket's 64 KiB limit: 'control message longer than 65536 bytes'.  The example is cut; the order is taken."""
+    order = tmp_path / "order"
+    order.write_text("a\n" + "x" * 65536 + "\na\n")
+    with mount(one_file_store, "--local-dir", tmp_path / "local", "--stage", "lazy") as mnt:
+        done = fanfs("ctl", mnt, "--order", order, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "along 2 files in 1 epoch(s)" in done.stdout and "1 paths left out" in done.stdout, done.stdout
+    assert "(65,536 characters)" in done.stdout and len(done.stdout) < 1000
+
+
+def test_an_order_told_to_a_mount_that_is_not_lazy_says_why_it_is_ignored(one_file_store, tmp_path, mount):
+    """Issue 35: 'unknown command 'order'' told a user nothing; the mount says why it has nothing to fetch ahead."""
     (tmp_path / "order").write_text("a\n")
-    with mount(tmp_path / "store") as mnt:
+    with mount(one_file_store) as mnt:
         done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "not lazily staged" in done.stderr and "--stage lazy" in done.stderr and "unknown" not in done.stderr
