@@ -86,7 +86,6 @@ def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
     s.close()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("make", [None, "file"])
 def test_a_bad_mount_point_fails_before_auto_measures(jpeg_store, tmp_path, make):
     """Issue 35: ``--fidelity auto:`` measured for 22 s, then failed on the mount point: it is checked first."""
@@ -99,6 +98,7 @@ def test_a_bad_mount_point_fails_before_auto_measures(jpeg_store, tmp_path, make
     assert done.stdout == "", "nothing measured, no K chosen"
 
 
+@pytest.mark.slow
 def test_low_fidelity_reads_fewer_bytes(jpeg_store, mount):
     src, store, samples = jpeg_store
     stored = {}

@@ -338,6 +338,7 @@ def test_lazy_options_misused_are_one_line(photos, tmp_path):
     force_unmount(tmp_path / "mnt")
 
 
+@pytest.mark.slow
 def test_capacity_figures_agree_and_never_exceed_the_capacity(photos, tmp_path, mount):
     """Issue 35: the mount's log, ``info --capacity`` and ``stats`` gave three figures for one node (85.9, 74.3 and
     30.1 MiB against a 30.0 MiB capacity): one definition (cache slots, :meth:`CachePlan.kept_bytes`, which the log
