@@ -99,14 +99,14 @@ def _isolated_runtime(runtime_dir):
     yield
 
 
-# --- a real Slurm (tests/support/slurm_cluster.py), for the job script's tests -----------------------------
+# --- a real Slurm (tools/slurm_cluster.py), for the job script's tests -----------------------------
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """The session's cluster: started once (well under a second), always shut down with every job."""
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         pytest.skip("needs Debian's slurmctld slurmd slurm-client munge (tools/setup --test installs them)")
-    from support.slurm_cluster import slurm_cluster
+    from slurm_cluster import slurm_cluster
     from support.slurm_jobs import NODES
     with slurm_cluster(tmp_path_factory.mktemp("slurm"), nodes=NODES) as cluster:
         yield cluster

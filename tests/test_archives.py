@@ -221,6 +221,52 @@ def test_several_archives_merge_into_one_tree(tmp_path):
     _check_against(store, *shards)
 
 
+def test_train_and_val_in_one_store_under_their_folders(dataset, tmp_path):
+    """Issue 35: ``pack train=ILSVRC2012_img_train.tar val=ILSVRC2012_img_val.tar`` gives the README's
+    ``train/n01440764/...``; a directory and a zip go under a folder too, and verify --against takes the same
+    arguments."""
+    outer, want = _imagenet_like(tmp_path, dataset)
+    val = tmp_path / "ILSVRC2012_img_val.tar"
+    val.write_bytes(tar_bytes([member("ILSVRC2012_val_00000001.JPEG", b"val one")]))
+    bundle = zip_of(dataset / "train", tmp_path / "bundle.zip")
+    store = tmp_path / "store"
+    srcs = [f"train={outer}", f"val={val}", f"more/tree={dataset / 'train'}", f"more/zip={bundle}"]
+    fanfs("pack", *srcs, store, "--expand-archives", "--quiet")
+    s = Store(str(store))
+    assert [os.fsdecode(name) for name, *_ in s.listdir(0)] == ["more", "train", "val"]
+    assert all(s.read_file(f"train/{path}") == data for path, data in want.items() if not path.endswith(".JPEG"))
+    assert s.lookup(b"train/n01440764/n01440764_0.JPEG") > 0
+    assert s.read_file("val/ILSVRC2012_val_00000001.JPEG") == b"val one"
+    some = next(p for p in (dataset / "train").rglob("*") if p.is_file()).relative_to(dataset / "train")
+    assert s.read_file(f"more/tree/{some}") == s.read_file(f"more/zip/{some}") == (dataset / "train" / some).read_bytes()
+    assert [x.get("prefix") for x in s.meta["sources"]] == ["train", "val", "more/tree", "more/zip"]
+    info = fanfs("info", store).stdout
+    assert f"{outer} (tar) under train/" in info and f"{val} (tar) under val/" in info
+    _check_against(store, *srcs)
+
+
+def test_an_argument_naming_a_path_is_that_path(tmp_path):
+    """A directory literally named ``a=b`` packs as itself, not as ``b`` under ``a/``."""
+    src = tmp_path / "a=b"
+    src.mkdir()
+    (src / "f").write_bytes(b"f")
+    store = tmp_path / "store"
+    fanfs("pack", "a=b", store, "--quiet", cwd=tmp_path)
+    assert Store(str(store)).read_file("f") == b"f"
+
+
+@pytest.mark.parametrize("arg", ["../x={src}", "/abs={src}", "={src}", "a//b={src}", "a/./b={src}", "train=",
+                                 "a/../../b={src}"])
+def test_a_hostile_prefix_is_refused_in_one_line(tmp_path, arg):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"f")
+    store = tmp_path / "store"
+    done = fanfs("pack", arg.format(src=src), store, "--quiet", check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "fanfs: error:" in done.stderr, done.stderr
+    assert not store.exists() and os.listdir(tmp_path) == ["src"]
+
+
 def test_a_tar_stream_from_a_pipe(dataset, tmp_path):
     """No seeking: GNU tar writes to the pack's standard input through a pipe, compressed on the way."""
     store = tmp_path / "store"

@@ -33,7 +33,7 @@ def test_plot_without_matplotlib_is_one_line_naming_the_extra_before_anything_is
         assert done.returncode == 1, done.stderr
         assert done.stderr.strip() == ("fanfs: error: --plot needs matplotlib, which is not installed: "
                                        "pip install 'matplotlib>=3.7' (fanfs's plots extra; from its checkout: "
-                                       "pip install -e '.[plots]')"), done.stderr
+                                       ".venv/bin/pip install -e '.[plots]')"), done.stderr
         assert not done.stdout and not (tmp_path / "plot.png").exists()
 
 

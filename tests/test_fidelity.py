@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import mmap
 import os
@@ -39,17 +40,6 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-def _stored_bound(store: Store, k: int) -> int:
-    """Stored bytes of every layer a mount at fidelity k may read (all of a plain file)."""
-    ix = store.index
-    total = 0
-    for entry in np.flatnonzero(ix.type == 1).tolist():
-        first, count = int(ix.first[entry]), int(ix.count[entry])
-        shown = min(k, count) if ix.record[entry] == JpegRecords.kind_id else count
-        total += int(ix.blob_stored[first:first + shown].sum())
-    return total
-
-
 def test_records_and_fallbacks(jpeg_store):
     src, store, samples = jpeg_store
     s = Store(str(store))
@@ -61,31 +51,51 @@ def test_records_and_fallbacks(jpeg_store):
     s.close()
 
 
+def _by_layer(mnt: Path) -> list[int]:
+    """Stored bytes the mount has read per layer (layer 1 first; a plain file's blobs are its layer 1)."""
+    return mount_stats(mnt)["stored_by_layer"]
+
+
 @pytest.mark.slow
 def test_every_fidelity_decodes_and_matches_stat(jpeg_store, mount):
+    """Each file is read once per K (decoded from the bytes read, not opened again); what is counted is which
+    layers the mount read, not how often: a page the kernel drops under load and asks for again is a layer <= K
+    read twice (a bound on the bytes failed at load 10-14), while a layer above K read at all is a defect."""
     src, store, samples = jpeg_store
     s = Store(str(store))
     top = int(s.index.layers.max())
     with mount(store, "--fidelity", "1") as mnt:
-        previous = json.loads(fanfs("stats", mnt, "--json").stdout)["bytes_stored_read"]
         for k in [*range(1, top + 1), FULL]:
             set_presentation(mnt, "fidelity", "full" if k == FULL else str(k))
+            before = _by_layer(mnt)
             for path in _files(mnt):
                 rel = path.relative_to(mnt)
                 data = path.read_bytes()
                 assert len(data) == path.stat().st_size == s.size_at(s.lookup(os.fsencode(rel)), k), (rel, k)
                 entry = s.lookup(os.fsencode(rel))
                 if s.index.record[entry] == JpegRecords.kind_id:
-                    with Image.open(path) as im:
+                    with Image.open(io.BytesIO(data)) as im:
                         im.load()  # a valid JPEG at every K: no LOAD_TRUNCATED_IMAGES
                     if k >= int(s.index.layers[entry]):
                         assert np.array_equal(decode(data), decode((src / rel).read_bytes())), rel
                 else:
                     assert data == (src / rel).read_bytes(), (rel, k)  # odd files are byte-exact at every K
-            now = mount_stats(mnt)["bytes_stored_read"]
-            assert now - previous <= _stored_bound(s, k), k  # only layers <= K were read
-            previous = now
+            after = _by_layer(mnt)
+            above = [b - (before[i] if i < len(before) else 0) for i, b in enumerate(after)][min(k, top):]
+            assert not any(above), (k, above)  # only layers <= K were read
     s.close()
+
+
+@pytest.mark.parametrize("make", [None, "file"])
+def test_a_bad_mount_point_fails_before_auto_measures(jpeg_store, tmp_path, make):
+    """Issue 35: ``--fidelity auto:`` measured for 22 s, then failed on the mount point: it is checked first."""
+    mnt = tmp_path / "mnt"
+    if make == "file":
+        mnt.write_bytes(b"")
+    done = fanfs("mount", jpeg_store[1], mnt, "--fidelity", "auto:0.95", check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"mount point {mnt}" in done.stderr and "mkdir -p" in done.stderr, done.stderr
+    assert done.stdout == "", "nothing measured, no K chosen"
 
 
 @pytest.mark.slow

@@ -272,6 +272,35 @@ def test_a_full_disk_during_a_lazy_fetch_reads_through_and_says_why(photos, tmp_
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
+@pytest.fixture
+def one_file_store(tmp_path) -> Path:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"a")
+    fanfs("pack", tmp_path / "src", tmp_path / "store", "--quiet")
+    return tmp_path / "store"
+
+
+def test_an_order_with_a_64_kib_line_is_taken(one_file_store, tmp_path, mount):
+    """Issue 35: a 64 KiB line (no file of the store) came back whole as the answer's example, over the control
+    socket's 64 KiB limit: 'control message longer than 65536 bytes'.  The example is cut; the order is taken."""
+    order = tmp_path / "order"
+    order.write_text("a\n" + "x" * 65536 + "\na\n")
+    with mount(one_file_store, "--local-dir", tmp_path / "local", "--stage", "lazy") as mnt:
+        done = fanfs("ctl", mnt, "--order", order, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "along 2 files in 1 epoch(s)" in done.stdout and "1 paths left out" in done.stdout, done.stdout
+    assert "(65,536 characters)" in done.stdout and len(done.stdout) < 1000
+
+
+def test_an_order_told_to_a_mount_that_is_not_lazy_says_why_it_is_ignored(one_file_store, tmp_path, mount):
+    """Issue 35: 'unknown command 'order'' told a user nothing; the mount says why it has nothing to fetch ahead."""
+    (tmp_path / "order").write_text("a\n")
+    with mount(one_file_store) as mnt:
+        done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "not lazily staged" in done.stderr and "--stage lazy" in done.stderr and "unknown" not in done.stderr
+
+
 @pytest.mark.slow
 def test_an_order_is_fetched_ahead(photos, tmp_path, mount):
     store, names, expected = photos
@@ -307,6 +336,35 @@ def test_lazy_options_misused_are_one_line(photos, tmp_path):
         done = fanfs("mount", store, tmp_path / "mnt", *args, check=False)
         assert done.returncode != 0 and says in done.stderr, done.stderr
     force_unmount(tmp_path / "mnt")
+
+
+@pytest.mark.slow
+def test_capacity_figures_agree_and_never_exceed_the_capacity(photos, tmp_path, mount):
+    """Issue 35: the mount's log, ``info --capacity`` and ``stats`` gave three figures for one node (85.9, 74.3 and
+    30.1 MiB against a 30.0 MiB capacity): one definition (cache slots, :meth:`CachePlan.kept_bytes`, which the log
+    line uses too), the same figures in info and stats, none above the capacity, whatever the cache holds while an
+    order is fetched ahead and the files are read."""
+    from fanfs.util.units import human_size
+    store, names, expected = photos
+    total = int(Store(str(store), check_shards=False).index.blob_stored.sum())
+    capacity = total // 3
+    info = json.loads(fanfs("info", store, "--capacity", str(capacity), "--json").stdout)["capacity"]
+    (share,), (keeps,) = info["node_share_bytes"], info["node_kept_bytes"]
+    assert 0 < keeps <= capacity < share
+    order = tmp_path / "order"
+    order.write_text("\n".join(random.Random(2).sample(names, len(names))) + "\n")
+    with mount(store, "--local-dir", tmp_path / "local", "--stage", "lazy", "--capacity", str(capacity)) as mnt:
+        fanfs("ctl", mnt, "--order", order)
+        seen = []
+        for n in names:
+            assert read(mnt / n) == expected[FULL][n]
+            seen.append(stats(mnt)["cache"])
+        text = fanfs("stats", mnt).stdout
+    assert f"keeps up to {human_size(keeps)} of its {human_size(share)} share" in text
+    assert all(c["keeps_bytes"] == keeps and c["share_bytes"] == share and c["capacity"] == capacity for c in seen)
+    assert max(c["held_bytes"] for c in seen) <= capacity
+    assert max(c["kept_bytes"] for c in seen) <= keeps
+    assert f"{human_size(share):>9} {human_size(keeps):>12}" in fanfs("info", store, "--capacity", str(capacity)).stdout
 
 
 def test_info_capacity(photos):

@@ -14,6 +14,7 @@ import multiprocessing as mp
 import random
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,44 @@ def test_gradient_choice_switches_the_mount_and_training_reads_fewer_layers(phot
             del loader
     print("choice", choice, "per layer", per_layer)
     assert sum(per_layer[:choice.fidelity]) > 0 and not any(per_layer[choice.fidelity:])
+
+
+class Brighter(torch.utils.data.Dataset):
+    """The photos labelled by what a model learns in a few epochs: brighter than the median or not."""
+
+    def __init__(self, data) -> None:
+        self.data = data
+        means = torch.tensor([float(data[i][0].mean()) for i in range(len(data))])
+        self.labels = (means > means.median()).long()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i][0], self.labels[i]
+
+
+def test_an_untrained_model_is_warned_about(photo_store, mount):
+    """Issue 35: a fresh model picked K=1 (its gradient agrees with full's at any K): the choice warns, naming the
+    risk; once the model has learned its task it does not."""
+    torch.manual_seed(1)
+    with mount(photo_store) as mnt:
+        dataset = Brighter(photos(mnt))
+        model = tiny_cnn()
+        with pytest.warns(UserWarning, match="looks untrained.*choose after some epochs"):
+            fresh = choose_fidelity(model, torch.nn.functional.cross_entropy, dataset, mnt, batches=2, batch_size=16,
+                                    switch=False)
+        assert fresh.learned > 0.9
+        loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True)
+        optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
+        for _ in range(10):
+            train_epoch(model, loader, optimiser)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            trained = choose_fidelity(model, torch.nn.functional.cross_entropy, dataset, mnt, batches=2,
+                                      batch_size=16, switch=False)
+        assert trained.learned < 0.9, trained.learned
+        print(f"loss own/shuffled: fresh {fresh.learned:.2f}, trained {trained.learned:.2f}")
 
 
 def test_choice_is_deterministic_and_only_fidelity_moves_the_gradient(photo_store, mount):
@@ -305,3 +344,4 @@ def test_an_order_sampler_has_a_lazily_staged_mount_fetch_ahead(photo_store, tmp
         with caplog.at_level("WARNING", logger="fanfs"):
             assert sorted(sampler) == sorted(sampler) == list(range(len(data)))
         assert sum("did not take the order" in r.message for r in caplog.records) == 1
+        assert "not lazily staged" in caplog.text and "unknown command" not in caplog.text  # why, in its words

@@ -113,7 +113,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
-    p = command("verify", cmd_verify, "re-check every checksum of a store (and with --against, every byte)")
+    p = command("verify", cmd_verify, "re-check every checksum of a store (and with --against, every file: plain ones byte-exact, JPEG "
+                "records pixel-exact)")
     p.add_argument("store", help="the store directory")
     p.add_argument("--against", metavar="SRC", nargs="+",
                    help="also compare every entry and byte with the sources it was packed from (directories, "

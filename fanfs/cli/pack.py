@@ -112,7 +112,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("src", nargs="+", metavar="SRC",
                    help="what to pack: a directory, an archive (tar, tar.gz/.bz2/.xz/.zst, zip: told by its bytes, "
                         "read once, never extracted to disk) or - (a tar stream on standard input); several merge "
-                        "into one tree (a name in two of them is an error)")
+                        "into one tree (a name in two of them is an error); PREFIX=SRC puts SRC under the folder "
+                        "PREFIX (train=ILSVRC2012_img_train.tar val=ILSVRC2012_img_val.tar); an argument naming an "
+                        "existing path is that path")
     p.add_argument("store", metavar="STORE",
                    help="store directory to create (must not exist, or be empty; --force replaces a store)")
     p.add_argument("--codec", default="zstd:3", help="zstd:LEVEL (1-22), lz4, lz4:LEVEL (1-12) or raw (default zstd:3)")

@@ -29,6 +29,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     args.foreground = args.foreground or args.no_mount  # a node serving without a mount stays attached
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
+    if not job:  # before auto values are measured (seconds to minutes): a bad mount point is known at once
+        from ..serve.daemon import check_mountpoint, opened_paths
+        check_mountpoint(os.path.abspath(args.mountpoint), opened_paths(args.store))
     presentation = known(values) if job else resolved(args.store, values)
     options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,
                            allow_other="allow_other" in args.o, debug=args.debug,
@@ -234,8 +237,9 @@ def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
     """``fanfs stats`` of a lazily staged node's cache: what it may hold and holds, hits, fetches, read-throughs; what
     it fetched ahead of its readers (``ahead``, once it was given their order)."""
     capacity = f"capacity {human_size(cache['capacity'])}" if cache["capacity"] is not None else "no capacity set"
-    lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its share, "
-             f"holds {human_size(cache['held_bytes'])} now ({human_size(cache['ahead_bytes'])} of it fetched ahead)",
+    lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its "
+             f"{human_size(cache['share_bytes'])} share; {human_size(cache['held_bytes'])} on disk now "
+             f"({human_size(cache['ahead_bytes'])} of it fetched ahead)",
              f"           {cache['hit_blobs']:,} blobs read here ({human_size(cache['hit_bytes'])}), {cache['fills']:,} "
              f"fetched and kept ({human_size(cache['fill_bytes'])}, {cache.get('peer_fills', 0):,} of them copied from "
              f"a peer that fetched them from the shared store), "

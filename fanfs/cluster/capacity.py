@@ -67,6 +67,16 @@ class CachePlan:
             out[lo:hi] = self.priority[k, lo:hi] <= self._threshold[node]
         return out
 
+    def share_bytes(self, node: int) -> int:
+        """The cache slots of every blob placement gives ``node`` (its share), in bytes: whole 4 KiB blocks."""
+        return int(self.footprint[self.placement.held(node)].sum())
+
+    def kept_bytes(self, node: int) -> int:
+        """The cache slots of the blobs ``node`` keeps, in bytes: what its cache holds once filled, never more than
+        the capacity less the window and the state file.  The one figure the mount's log, ``fanfs info --capacity``
+        and ``fanfs stats`` give for what a node keeps."""
+        return int(self.footprint[self.kept(node)].sum())
+
     def kept_anywhere(self) -> np.ndarray:
         """Whether some node keeps each blob (the others are read through from the shared store)."""
         out = np.zeros(self.footprint.size, bool)
@@ -115,12 +125,13 @@ def plan_cache(index: Any, placement: Placement, presentation: Presentation, cap
 
 @dataclass
 class CapacityFigures:
-    """What ``fanfs info --capacity`` shows: per node the bytes it holds by placement and those it keeps; for the
-    job, the bytes a presentation reads and how many of them some node keeps (the rest is read through)."""
+    """What ``fanfs info --capacity`` shows: per node its share by placement and what it keeps of it (cache slots:
+    :meth:`CachePlan.share_bytes`, :meth:`CachePlan.kept_bytes`); for the job, the bytes a presentation reads and
+    how many of them some node keeps (the rest is read through)."""
 
     capacity: int | None
     window: int
-    node_held_bytes: list[int]
+    node_share_bytes: list[int]
     node_kept_bytes: list[int]
     read_bytes: int
     read_kept_bytes: int
@@ -130,8 +141,8 @@ class CapacityFigures:
         """The figures of ``plan`` for a store of blobs of ``stored`` bytes read where ``read`` (a bool per blob)."""
         weight = np.where(read, stored, 0).astype(np.int64)
         nodes = range(plan.placement.nodes)
-        return cls(plan.capacity, plan.window, [int(stored[plan.placement.held(node)].sum()) for node in nodes],
-                   [int(plan.footprint[plan.kept(node)].sum()) for node in nodes], int(weight.sum()),
+        return cls(plan.capacity, plan.window, [plan.share_bytes(node) for node in nodes],
+                   [plan.kept_bytes(node) for node in nodes], int(weight.sum()),
                    int(weight[plan.kept_anywhere()].sum()))
 
     def format(self) -> str:
@@ -141,7 +152,7 @@ class CapacityFigures:
                  f"of the readers): {self.read_kept_bytes / max(1, self.read_bytes):.0%} of the bytes read are kept "
                  f"by a node, {human_size(through)} of {human_size(self.read_bytes)} read through from the shared "
                  "store each epoch",
-                 "node       holds        keeps   of what it holds"]
-        for node, (held, kept) in enumerate(zip(self.node_held_bytes, self.node_kept_bytes)):
-            lines.append(f"{node:<6} {human_size(held):>9} {human_size(kept):>12} {kept / max(1, held):>9.0%}")
+                 "node       share        keeps   of its share   (cache slots: whole 4 KiB blocks)"]
+        for node, (share, kept) in enumerate(zip(self.node_share_bytes, self.node_kept_bytes)):
+            lines.append(f"{node:<6} {human_size(share):>9} {human_size(kept):>12} {kept / max(1, share):>9.0%}")
         return "\n".join(lines)

@@ -51,6 +51,7 @@ class LazyShare(StagedShare):
     plan: CachePlan | None = None
     cache: DiskCache | None = None
     touched: np.ndarray | None = None  # per blob, the tick of its last read by this node
+    rank: int = 0  # the node's
 
 
 def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placement, rank: int,
@@ -70,14 +71,15 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
     if owner:
         dropped = cache.recover(keep)
         held = cache.held_bytes()
-        log.info("cache in %s: %s held from before%s; keeps up to %s of the %s this node holds", local_dir,
+        log.info("cache in %s: %s on disk from before%s; keeps up to %s of its %s share%s", local_dir,
                  human_size(held), f" ({dropped:,} blobs dropped: cut short, fetched ahead, or now over the budget)"
-                 if dropped else "", human_size(int(plan.footprint[keep].sum())),
-                 human_size(int(plan.footprint[placement.held(rank)].sum())))
-        _warn_if_short(local_dir, int(plan.footprint[keep].sum()) + plan.window - held, capacity)
+                 if dropped else "", human_size(plan.kept_bytes(rank)), human_size(plan.share_bytes(rank)),
+                 f" (capacity {human_size(capacity)})" if capacity is not None else "")
+        _warn_if_short(local_dir, plan.kept_bytes(rank) + plan.window - held, capacity)
         touched = np.frombuffer(mmap.mmap(-1, max(4, 4 * blobs)), np.uint32, blobs)  # shared with the serving processes
     local = CachedShards(cache, keep, shared, local_dir, memoryview(touched) if touched is not None else None)
-    return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, touched)  # type: ignore[arg-type]
+    return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, touched,  # type: ignore[arg-type]
+                     rank)
 
 
 class FirstHolderFirst(ShardSource):
@@ -141,7 +143,7 @@ def lazy_stats(share: LazyShare, counters: dict[str, Any], prefetcher: Any = Non
     assert share.cache is not None and share.plan is not None
     cache, plan = share.cache, share.plan
     return {"cache": {"capacity": plan.capacity, "window": plan.window,
-                      "keeps_bytes": int(plan.footprint[share.local.held].sum()),
+                      "keeps_bytes": plan.kept_bytes(share.rank), "share_bytes": plan.share_bytes(share.rank),
                       "held_bytes": cache.held_bytes(), "kept_bytes": cache.held_bytes((KEPT,)),
                       "ahead_bytes": cache.held_bytes((AHEAD, SPENT)), **counters.get("cache", {}),
                       "read_through_bytes": counters["by_source"].get(share.shared.name, 0)},

@@ -21,6 +21,7 @@ from ..store.index import Index
 from ..util.files import read_regular
 
 MAX_ORDER_BYTES = 4 << 30  # some epochs of ImageNet-22k's 14 M paths
+EXAMPLE_CHARS = 200  # of the first path left out, in the answer: a line of any length must not swell it
 
 
 @dataclass
@@ -62,11 +63,16 @@ def read_order(path: str, index: Index, mountpoint: str) -> Order:
         entry = index.lookup(name.strip(b"/")) if name is not None else -1
         if entry < 0 or types[entry] != FILE:
             unknown += 1
-            example = example or os.fsdecode(line)
+            example = example or _shortened(os.fsdecode(line))
             continue
         entries.append(entry)
     epochs += in_epoch
     return Order(np.array(entries, np.int64), epochs, unknown, example)
+
+
+def _shortened(path: str) -> str:
+    """A path as an example in one line: its start, and how long it is when it is longer."""
+    return path if len(path) <= EXAMPLE_CHARS else f"{path[:EXAMPLE_CHARS]}... ({len(path):,} characters)"
 
 
 def order_command(follow: Callable[[str, np.ndarray], None], index: Index,

@@ -161,10 +161,11 @@ class Expander:
                     self._fill(member, reader.data(entry), entry.regions, budget)
                 yield self._add(member), member
 
-    def zip_file(self, file: IO[bytes], where: str, origin: int, budget: Budget) -> Iterator[tuple[int, Member]]:
-        """The members of a zip file given as a source (read in place: a zip needs to seek)."""
+    def zip_file(self, file: IO[bytes], where: str, origin: int, budget: Budget,
+                 prefix: bytes = b"") -> Iterator[tuple[int, Member]]:
+        """The members of a zip file given as a source (read in place: a zip needs to seek), under ``prefix``."""
         try:
-            yield from self._zip(file, where, b"", origin, budget, 1)
+            yield from self._zip(file, where, prefix, origin, budget, 1)
         except IngestError:
             raise
         except OSError as err:

@@ -27,29 +27,34 @@ class WalkedDirectory:
     """What a walk leaves for the pack: its files (ids in the builder, in walk order) and its archives."""
 
     root: bytes
+    prefix: bytes = b""  # where its entries go in the tree (PREFIX=SRC); b"": the tree's root
     ids: array = field(default_factory=lambda: array("q"))
     bytes: int = 0
-    archives: list[tuple[bytes, bytes, int]] = field(default_factory=list)  # (relative path, expands to, mtime)
+    archives: list[tuple[bytes, bytes, int]] = field(default_factory=list)  # (path under root, expands to, mtime)
 
     def files(self, builder: TreeBuilder, origin: int, label: str) -> Iterator[tuple[int, Member]]:
         """Each file as a member whose data is its path (opened where it is packed)."""
         for file_id in self.ids:
             path, size = builder.path_and_size(file_id)
-            yield file_id, Member(path, FILE, 0, 0, size, data=os.path.join(self.root, path),
-                                  where=f"{label}/{os.fsdecode(path)}", origin=origin)
+            rel = path[len(self.prefix) + 1:] if self.prefix else path
+            yield file_id, Member(path, FILE, 0, 0, size, data=os.path.join(self.root, rel),
+                                  where=f"{label}/{os.fsdecode(rel)}", origin=origin)
 
 
 def walk_into(builder: TreeBuilder, src: str, origin: int, expand: bool,
-              skip: Callable[[str], None]) -> WalkedDirectory:
-    """Walk directory ``src`` into ``builder`` (its entries at the tree's root)."""
+              skip: Callable[[str], None], prefix: bytes = b"") -> WalkedDirectory:
+    """Walk directory ``src`` into ``builder``: its entries at the tree's root, or in folder ``prefix``."""
     root = os.fsencode(os.path.abspath(src))
     try:
         st = os.stat(root)
     except OSError as err:
         raise IngestError(f"cannot read source {src}: {err.strerror}") from None
-    builder.set_root(st.st_mode, st.st_mtime_ns)
     label = src.rstrip("/") or "/"
-    walked = WalkedDirectory(root)
+    if prefix:
+        builder.add(Member(prefix, DIR, st.st_mode, st.st_mtime_ns, where=label, origin=origin))
+    else:
+        builder.set_root(st.st_mode, st.st_mtime_ns)
+    walked = WalkedDirectory(root, prefix)
     first_name: dict[tuple[int, int], bytes] = {}  # (device, inode) -> first path, for files with several names
     queue = deque([b""])
     while queue:
@@ -61,7 +66,8 @@ def walk_into(builder: TreeBuilder, src: str, origin: int, expand: bool,
         except OSError as err:
             raise IngestError(f"cannot read directory {os.fsdecode(where)}: {err.strerror}") from None
         for item in items:
-            rel = join(base, item.name)
+            rel = join(base, item.name)  # under root
+            name = join(prefix, rel)  # in the tree
             try:
                 st = item.stat(follow_symlinks=False)
             except OSError as err:
@@ -69,26 +75,26 @@ def walk_into(builder: TreeBuilder, src: str, origin: int, expand: bool,
             fmt = stat.S_IFMT(st.st_mode)
             at = f"{label}/{os.fsdecode(rel)}"
             if fmt == stat.S_IFDIR:
-                builder.add(Member(rel, DIR, st.st_mode, st.st_mtime_ns, where=at, origin=origin))
+                builder.add(Member(name, DIR, st.st_mode, st.st_mtime_ns, where=at, origin=origin))
                 queue.append(rel)
             elif fmt == stat.S_IFREG:
-                inner = expanded_name(rel) if expand else None
+                inner = expanded_name(name) if expand else None
                 if inner is not None:
                     walked.archives.append((rel, inner, st.st_mtime_ns))
                     continue
                 key = (st.st_dev, st.st_ino)
                 if st.st_nlink > 1 and key in first_name:
-                    builder.add(Member(rel, HARDLINK, st.st_mode, st.st_mtime_ns, target=first_name[key], where=at,
+                    builder.add(Member(name, HARDLINK, st.st_mode, st.st_mtime_ns, target=first_name[key], where=at,
                                        origin=origin))
                     continue
                 if st.st_nlink > 1:
-                    first_name[key] = rel
-                walked.ids.append(builder.add(Member(rel, FILE, st.st_mode, st.st_mtime_ns, st.st_size, where=at,
+                    first_name[key] = name
+                walked.ids.append(builder.add(Member(name, FILE, st.st_mode, st.st_mtime_ns, st.st_size, where=at,
                                                      origin=origin)))
                 walked.bytes += st.st_size
             elif fmt == stat.S_IFLNK:
                 target = os.readlink(item.path)
-                builder.add(Member(rel, SYMLINK, st.st_mode, st.st_mtime_ns, len(target), target, where=at,
+                builder.add(Member(name, SYMLINK, st.st_mode, st.st_mtime_ns, len(target), target, where=at,
                                    origin=origin))
             else:
                 skip(f"skipped {_SPECIAL.get(fmt, 'special file')} {at}")

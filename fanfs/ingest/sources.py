@@ -2,7 +2,9 @@
 
 Each SRC is a directory, an archive file (tar, plain or gzip/bzip2/xz/zstd-compressed, or zip), or ``-``: a tar
 stream on standard input.  Their contents merge at the tree's root (a WebDataset shard set becomes one
-directory of samples).  Directories are walked first, so the bytes to pack are known before the first shard
+directory of samples), or under a folder: ``PREFIX=SRC`` (``train=ILSVRC2012_img_train.tar
+val=ILSVRC2012_img_val.tar``: one store, its two splits side by side).  An argument that names an existing path
+is that path, ``=`` or not.  Directories are walked first, so the bytes to pack are known before the first shard
 is cut; archives are streamed after, one pass each, their members handed on as they come.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 from .archives import Budget, Expander
 from .directory import WalkedDirectory, walk_into
 from .members import DIR, IngestError, Member, Spool
+from .names import NAME_MAX
 from .streams import Counted, kind_of
 from .tree import Tree, TreeBuilder
 
@@ -35,9 +38,26 @@ class Source:
     raw: Counted | None = None  # an archive's bytes, as read
     mtime: int = 0
     walked: WalkedDirectory | None = None
+    prefix: bytes = b""  # the folder its contents go under (PREFIX=SRC); b"": the tree's root
 
     def describe(self) -> dict[str, Any]:
-        return {"path": self.path, "kind": self.kind}
+        return {"path": self.path, "kind": self.kind, **({"prefix": os.fsdecode(self.prefix)} if self.prefix else {})}
+
+
+def split_source(arg: str) -> tuple[bytes, str]:
+    """``PREFIX=SRC`` as (PREFIX, SRC); anything else, and any argument naming an existing path, as (b"", arg).
+    PREFIX is a relative folder of the tree: no empty, ``.`` or ``..`` part, nothing absolute."""
+    if arg == "-" or "=" not in arg or os.path.lexists(arg):
+        return b"", arg
+    text, _, src = arg.partition("=")
+    prefix = os.fsencode(text)
+    parts = prefix.split(b"/")
+    if not text or any(part in (b"", b".", b"..") or len(part) > NAME_MAX for part in parts):
+        raise IngestError(f"source {arg}: PREFIX=SRC needs a relative folder as PREFIX (like train or a/b: no empty, "
+                          "'.' or '..' part, no leading '/'), or name an existing path")
+    if not src:
+        raise IngestError(f"source {arg}: nothing after '=' (PREFIX=SRC puts SRC under the folder PREFIX)")
+    return prefix, src
 
 
 class Ingest:
@@ -47,7 +67,8 @@ class Ingest:
                  max_expansion: float = DEFAULT_MAX_EXPANSION, warn: Callable[[str], None] = lambda text: None) -> None:
         if not srcs:
             raise IngestError("no source given")
-        if list(srcs).count("-") > 1:
+        split = [split_source(src) for src in srcs]
+        if [src for _, src in split].count("-") > 1:
             raise IngestError("standard input (-) can be read once only")
         self.expand = expand_archives
         self.max_expansion = max_expansion
@@ -56,8 +77,9 @@ class Ingest:
         self._warn = warn
         self.sources: list[Source] = []
         try:
-            for src in srcs:
+            for prefix, src in split:
                 self.sources.append(self._open(src))
+                self.sources[-1].prefix = prefix
         except BaseException:
             self.close()
             raise
@@ -112,7 +134,7 @@ class Ingest:
         total: int | None = 0
         for origin, source in enumerate(self.sources):
             if source.kind == "directory":
-                source.walked = walk_into(self.builder, source.path, origin, self.expand, self.skip)
+                source.walked = walk_into(self.builder, source.path, origin, self.expand, self.skip, source.prefix)
                 source.size = source.walked.bytes + sum(os.path.getsize(os.path.join(source.walked.root, rel))
                                                         for rel, _, _ in source.walked.archives)
             total = None if total is None or source.size is None else total + source.size
@@ -132,6 +154,9 @@ class Ingest:
         """Every file to pack, as ``(id, member)`` (the member's bytes in hand), in source order."""
         expander = Expander(self.builder, spool, self.expand, self.skip)
         for origin, source in enumerate(self.sources):
+            if source.prefix and source.walked is None:  # an archive's folder, as a directory source makes its own
+                self.builder.add(Member(source.prefix, DIR, stat.S_IFDIR | 0o755, source.mtime, where=source.label,
+                                        origin=origin))
             if source.walked is not None:
                 for file_id, member in source.walked.files(self.builder, origin, source.label):
                     self._handed += member.size
@@ -142,9 +167,9 @@ class Ingest:
                 budget = Budget(source.raw, source.label, self.max_expansion)
                 budget.raw.consumed = source.size or 0  # a zip is read where it lies, all of it counted
                 with os.fdopen(os.dup(source.raw.fd), "rb") as file:
-                    yield from expander.zip_file(file, source.label, origin, budget)
+                    yield from expander.zip_file(file, source.label, origin, budget, source.prefix)
             else:
-                yield from expander.archive(source.raw, source.label, b"", origin,
+                yield from expander.archive(source.raw, source.label, source.prefix, origin,
                                             Budget(source.raw, source.label, self.max_expansion))
         if self.builder.root_implied():
             self.builder.set_root(stat.S_IFDIR | 0o755, self.sources[0].mtime)

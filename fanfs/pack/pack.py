@@ -117,7 +117,7 @@ def pack(srcs: Sequence[str] | str, store: str, options: PackOptions | None = No
                     warn=on_warning or (lambda text: None))
     try:
         total = ingest.walk()
-        prepare_destination(store, [s for s in sources if s != "-"], opts.force)
+        prepare_destination(store, [s.path for s in ingest.sources if s.path != "-"], opts.force)
         report = _build(ingest, store, total, opts, runner, started)
     finally:
         ingest.close()

@@ -73,8 +73,10 @@ def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
         dead = "" if os.path.ismount(mountpoint) else " whose daemon has ended (it answers 'Transport endpoint is " \
             "not connected')"
         raise StoreError(f"{mountpoint} is already a mount point{dead}: 'fanfs umount {mountpoint}' first")
+    if not os.path.lexists(mountpoint):
+        raise StoreError(f"mount point {mountpoint} does not exist: create it first (mkdir -p {mountpoint})")
     if not os.path.isdir(mountpoint):
-        raise StoreError(f"mount point {mountpoint} is not a directory: create it first")
+        raise StoreError(f"mount point {mountpoint} is not a directory: give a directory (mkdir -p one)")
     st = os.stat(mountpoint)
     for what, path in opened.items():
         if _at_or_under(path, (st.st_dev, st.st_ino)):
@@ -98,6 +100,14 @@ def _at_or_under(path: str, directory: tuple[int, int]) -> bool:
         if parent == current:
             return False
         current = parent
+
+
+def _order_ignored(message: dict[str, Any]) -> dict[str, Any]:
+    """The order of coming reads, told to a mount that has nothing to fetch ahead (a lazily staged node's hooks
+    take it instead): said why, so that a sampler's warning and ``ctl --order`` explain themselves."""
+    raise ValueError("the order is ignored: this mount is not lazily staged (mount --local-dir DIR --stage lazy, or "
+                     "FANFS_STAGE=lazy in a job), so it has nothing to fetch ahead: every file is read from its "
+                     "staged copy or the store when opened")
 
 
 def opened_paths(store_root: str, local_dir: str | None = None) -> dict[str, str]:
@@ -237,6 +247,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
                              "workers": options.workers, "readahead": fs.readahead(), **fs.presentation},
         "stats": stats,
         "present": present,
+        "order": _order_ignored,
         **hooks.commands,
     })
     try:

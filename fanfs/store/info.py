@@ -85,6 +85,7 @@ def format_info(info: dict[str, Any]) -> str:
     lines = [
         f"store      {info['store']}  (id {info['store_id'][:12]}, format {info['format']}, created {info['created']})",
         *(f"{'source' if i == 0 else '':<10} {s['path'] if s['path'] != '-' else 'standard input'} ({s['kind']})"
+          + (f" under {s['prefix']}/" if s.get("prefix") else "")
           for i, s in enumerate(info["sources"])),
         *(["           (archives inside them expanded into directories)"] if info["expand_archives"] else []),
         f"entries    {info['files']:,} files, {info['dirs']:,} dirs, {info['symlinks']:,} symlinks",

@@ -3,8 +3,8 @@ sampler that tells a lazily staged mount the order it will read in (:class:`Orde
 
 Both talk to a running mount through its control socket, so the training's own ``Dataset`` and
 ``DataLoader`` (workers included) stay unmodified: files opened after a switch get the new fidelity.
-torch is imported only when a function needs it (``pip install torch==2.13.0``, the CPU build: the
-``torch`` extra, ``pip install -e '.[torch]'`` from the checkout).
+torch is imported only when a function needs it (torch 2.13.0, the CPU build: the ``torch`` extra,
+``.venv/bin/pip install -e '.[torch]'`` in the checkout).
 """
 
 from .gradient import FidelityChoice, choose_fidelity

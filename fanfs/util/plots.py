@@ -6,7 +6,7 @@ from types import ModuleType
 
 from ..errors import UsageError
 
-EXTRA = "pip install 'matplotlib>=3.7' (fanfs's plots extra; from its checkout: pip install -e '.[plots]')"
+EXTRA = "pip install 'matplotlib>=3.7' (fanfs's plots extra; from its checkout: .venv/bin/pip install -e '.[plots]')"
 """How to get it: fanfs is installed from its checkout, not from a package index that an extra's name would be
 looked up in."""
 

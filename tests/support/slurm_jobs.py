@@ -1,4 +1,4 @@
-"""Jobs under the tests' real Slurm (tests/support/slurm_cluster.py; its fixtures are in tests/conftest.py):
+"""Jobs under the tests' real Slurm (tools/slurm_cluster.py; its fixtures are in tests/conftest.py):
 submitting slurm/train.sbatch as the README says, and looking for anything a job left behind."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A real, throw-away Slurm cluster on this one host, for tests.
+"""A real, throw-away Slurm cluster on this one host, for the tests and ``tools/slurm-local`` (a user's own).
 
 ``slurm_cluster(base_dir, nodes=3)`` starts Debian's own daemons (bookworm: Slurm 22.05, MUNGE 0.5.15):
 
@@ -43,11 +43,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import pwd
-import random
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -55,6 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
+
+from slurm_config import write_config
+from slurm_processes import CONF_VAR, OWNER_VAR, kill_all, kill_stale_clusters
 
 __all__ = ["slurm_cluster", "SlurmCluster", "JobResult", "SlurmError", "FINAL_STATES", "kill_stale_clusters"]
 
@@ -68,11 +68,6 @@ FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_F
 # job; SBATCH_*/SRUN_*/SALLOC_* set option defaults; PMI_*/PMIX_* confuse MPI start-up.
 _LEAKY_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_", "SINFO_", "SCONTROL_",
                    "SACCT_", "PMI_", "PMIX_", "MPIR_", "HYDRA_")
-
-# Set in the environment of the daemons and of every client command (hence of every job), so that
-# all processes of a cluster can be found in /proc, even after the Python process that owned it died.
-OWNER_VAR = "TEST_SLURM_CLUSTER_OWNER"    # pid of the Python process that started the cluster
-CONF_VAR = "SLURM_CONF"                   # path of its slurm.conf (also set by slurmd for every job)
 
 _STOP_GRACE = 10.0                        # seconds for jobs/daemons to go before signals are used
 _PR_SET_PDEATHSIG = 1
@@ -215,164 +210,7 @@ def _exit_code(text: str | None) -> tuple[int, int]:
     return int(code or 0), int(sig or 0)
 
 
-# -- configuration --------------------------------------------------------------------------------
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on this host right now (a tiny race is acceptable)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _write_config(base: Path, nodes: list[str], cpus_per_node: int) -> tuple[Path, Path]:
-    """Write the munge key, slurm.conf and a task prolog; returns (slurm.conf, munge socket)."""
-    for sub in ("etc", "log", "state", "spool", "tmp", "jobs"):
-        (base / sub).mkdir(parents=True, exist_ok=True)
-    # munged insists on a key owned by its user with mode 0600 or 0400, and on a socket directory
-    # everyone may search: with 0700 it refuses to start ("execute permissions for all required").
-    munge_dir = base / "munge"
-    munge_dir.mkdir(exist_ok=True)
-    munge_dir.chmod(0o755)
-    key = munge_dir / "munge.key"
-    if not key.exists():
-        with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-            f.write(os.urandom(1024))
-    sock = munge_dir / "munge.socket"
-
-    # All fake nodes share this host's /tmp.  Give each its own TMPDIR, exported into every task
-    # (batch script included) by a TaskProlog: Slurm applies "export NAME=value" lines it prints.
-    prolog = base / "etc" / "task_prolog.sh"
-    prolog.write_text("#!/bin/sh\n"
-                      f'd="{base}/tmp/$SLURMD_NODENAME"\n'
-                      'mkdir -p "$d" && echo "export TMPDIR=$d"\n')
-    prolog.chmod(0o755)
-    for node in nodes:
-        (base / "tmp" / node).mkdir(exist_ok=True)
-        (base / "spool" / node).mkdir(exist_ok=True)
-
-    user = pwd.getpwuid(os.getuid()).pw_name
-    ctld_port, *node_ports = _free_ports(1 + len(nodes))
-    node_lines = "\n".join(f"NodeName={n} NodeHostname=localhost Port={p} CPUs={cpus_per_node} RealMemory=1000"
-                           for n, p in zip(nodes, node_ports))
-    conf = base / "etc" / "slurm.conf"
-    conf.write_text(f"""\
-# Written by slurm_cluster.py: a throw-away test cluster, every node on this host.
-ClusterName=testcluster
-SlurmctldHost=localhost
-SlurmctldPort={ctld_port}
-# Job ids of their own: clusters started one after another (or by several users at once) on this host
-# must not share them, since what jobs leave is named after them (MPICH names its /dev/shm segments after
-# the job and step: a segment leaked by another cluster's job of the same id would be reused, and kept).
-FirstJobId={random.randrange(10_000, 60_000_000, 1000)}
-# Both daemons run as whoever starts the cluster (root, or a user whose jobs then all run as that user).
-SlurmUser={user}
-SlurmdUser={user}
-
-# Authentication through our private munged; client commands find the socket here too.
-AuthType=auth/munge
-AuthInfo=socket={sock}
-CredType=cred/munge
-
-# Per-daemon paths: %n is the node name (one slurmd per fake node on one host).
-StateSaveLocation={base}/state
-SlurmdSpoolDir={base}/spool/%n
-SlurmctldPidFile={base}/slurmctld.pid
-SlurmdPidFile={base}/slurmd-%n.pid
-SlurmctldLogFile={base}/log/slurmctld.log
-SlurmdLogFile={base}/log/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-# The task prolog gives each node its TMPDIR (Slurm itself does not).
-TaskProlog={prolog}
-MailProg=/bin/true
-
-# linuxproc: tasks tracked through their parent chain, no cgroups needed (works in any container); a
-# process that leaves its step (setsid, and its parent exits) escapes, so tests see what a job leaves.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-# One line per finished job, with its final state and exit code (survives the job record).
-JobCompType=jobcomp/filetxt
-JobCompLoc={base}/log/jobcomp.txt
-# Steps use no MPI plugin unless they ask: srun --mpi=pmi2.
-MpiDefault=none
-SwitchType=switch/none
-
-SchedulerType=sched/backfill
-# Batch jobs start on the next once-a-second scheduler tick (the default delay is up to 3 s).
-SchedulerParameters=batch_sched_delay=0
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-# Nodes have the CPUs configured here, whatever this host has; a node that registers is usable.
-SlurmdParameters=config_overrides
-ReturnToService=2
-
-# No slurmdbd (so no sacct): keep finished jobs in "scontrol show job" for a day.
-MinJobAge=86400
-# Quick kills: SIGCONT+SIGTERM, then SIGKILL KillWait seconds later.  Time limits are whole
-# minutes and slurmctld checks them every 30 s: --time=1 ends the job 60-90 s after its start.
-KillWait=2
-OverTimeLimit=0
-InactiveLimit=0
-UnkillableStepTimeout=30
-MessageTimeout=10
-
-{node_lines}
-PartitionName=debug Nodes={",".join(nodes)} Default=YES MaxTime=INFINITE State=UP
-""")
-    return conf, sock
-
-
 # -- processes ------------------------------------------------------------------------------------
-
-def _environ(pid: int) -> dict[bytes, bytes]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return dict(item.partition(b"=")[::2] for item in f.read().split(b"\0") if item)
-    except OSError:                          # gone, a zombie, or not ours to read
-        return {}
-
-
-def _find_processes(match) -> list[int]:
-    """PIDs of other processes whose environment satisfies ``match(environ_dict)``."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and int(entry.name) != os.getpid() and match(_environ(int(entry.name))):
-            pids.append(int(entry.name))
-    return pids
-
-
-def _kill_all(match, grace: float = 2.0) -> list[int]:
-    """SIGTERM every matching process, then SIGKILL what is left after ``grace`` s; returns PIDs."""
-    victims = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _find_processes(match)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        victims += pids
-        deadline = time.monotonic() + grace
-        while pids and _find_processes(match) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    return sorted(set(victims))
-
-
-def kill_stale_clusters() -> list[int]:
-    """Kill what earlier clusters left behind when their Python owner died (e.g. SIGKILLed test
-    runner): every process whose environment names an owner PID that no longer runs."""
-    def stale(env: dict[bytes, bytes]) -> bool:
-        owner = env.get(OWNER_VAR.encode(), b"")
-        return owner.isdigit() and int(owner) != os.getpid() and not Path(f"/proc/{int(owner)}").exists()
-    return _kill_all(stale)
-
 
 def _die_with_parent() -> None:
     """preexec_fn: have the kernel SIGTERM the daemon when the thread that started it dies."""
@@ -444,7 +282,7 @@ def slurm_cluster(base_dir: Path, nodes: int = 3, *, cpus_per_node: int = 4,
         raise ValueError(f"base_dir too long for the daemons' Unix sockets (max 80 chars): {base}")
     base.mkdir(parents=True, exist_ok=True)
     names = [f"n{i}" for i in range(1, nodes + 1)]
-    conf, sock = _write_config(base, names, cpus_per_node)
+    conf, sock = write_config(base, names, cpus_per_node)
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LEAKY_PREFIXES)}
     env.update({CONF_VAR: str(conf), OWNER_VAR: str(os.getpid())})
     cluster = SlurmCluster(base, names, conf, env, base / "jobs")
@@ -523,4 +361,4 @@ def _shutdown(cluster: SlurmCluster) -> None:
     conf = str(cluster.conf).encode()
     owner = str(os.getpid()).encode()
     with contextlib.suppress(Exception):
-        _kill_all(lambda env: env.get(CONF_VAR.encode()) == conf or env.get(OWNER_VAR.encode()) == owner)
+        kill_all(lambda env: env.get(CONF_VAR.encode()) == conf or env.get(OWNER_VAR.encode()) == owner)
