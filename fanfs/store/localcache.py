@@ -367,8 +367,7 @@ class CachedShards(ShardSource):
         return None
 
     def served_in_place(self, blob: int, length: int, from_start: bool) -> None:
-        self.hits += from_start
-        self.hit_bytes += length
+        self.hits, self.hit_bytes = self.hits + from_start, self.hit_bytes + length
 
     def reopen(self, shard: int, offset: int) -> int | None:
         return self.cache.reopen()
