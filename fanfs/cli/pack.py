@@ -133,8 +133,9 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         ".tar.zst or .zip) becomes a directory of its members, named without the suffix, recursively: "
                         "ImageNet's ILSVRC2012_img_train.tar packs as n01440764/n01440764_10026.JPEG ...")
     p.add_argument("--max-expansion", type=nonnegative_float, default=1000.0, metavar="RATIO",
-                   help="refuse an archive whose members hold more than RATIO times its bytes (a decompression "
-                        "bomb; default 1000, 0: no limit)")
+                   help="refuse archives whose members hold more than RATIO times their bytes, all the pack's "
+                        "archives together, sparse holes included (a decompression bomb; default 1000, 0: no "
+                        "limit)")
     for kind in kinds().values():
         kind.pack_options(adder(p.add_argument_group(f"{kind.label}")))
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")

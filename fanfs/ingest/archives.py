@@ -39,20 +39,31 @@ _SPECIAL = {tar.CHARDEV: "character device", tar.BLOCKDEV: "block device", tar.F
 
 @dataclass
 class Budget:
-    """Bytes that came out of a source's archives against bytes read from it (``raw.consumed``)."""
+    """What comes out of a pack's archives (their files at their apparent sizes, their paths) against the bytes
+    read of them: one budget for the whole pack, so that many small bombs add up as one big one does."""
 
-    raw: Counted
-    label: str
     max_expansion: float
     produced: int = 0
+    _done: int = 0  # bytes read of the archives finished with
+    _raw: Counted | None = None  # the archive being read
+
+    def read_from(self, raw: Counted) -> None:
+        """Count the bytes read of ``raw`` from now on, besides those of the archives before it."""
+        if self._raw is not None:
+            self._done += self._raw.consumed
+        self._raw = raw
+
+    @property
+    def consumed(self) -> int:
+        return self._done + (self._raw.consumed if self._raw is not None else 0)
 
     def spend(self, n: int, where: str) -> None:
         self.produced += n
         if self.max_expansion and self.produced > EXPANSION_FLOOR \
-                and self.produced > self.max_expansion * max(self.raw.consumed, 1):
-            raise IngestError(f"{where}: {self.label} expands to more than {self.max_expansion:g} times its "
-                              f"{self.raw.consumed:,} bytes read so far (a decompression bomb?): if it is genuine, "
-                              "pack with --max-expansion 0")
+                and self.produced > self.max_expansion * max(self.consumed, 1):
+            raise IngestError(f"{where}: the archives of this pack expand to more than {self.max_expansion:g} times "
+                              f"the {self.consumed:,} bytes read of them so far (a decompression bomb?): if they are "
+                              "genuine, pack with --max-expansion 0")
 
 
 class _Pieces:
@@ -140,13 +151,13 @@ class Expander:
             if kind in _SPECIAL:
                 self.skip(f"skipped {_SPECIAL[kind]} {at}")
             elif kind == tar.DIRECTORY:
-                self._add(Member(path, DIR, stat.S_IFDIR | entry.mode, entry.mtime, where=at, origin=origin))
+                self._add(Member(path, DIR, stat.S_IFDIR | entry.mode, entry.mtime, where=at, origin=origin), budget)
             elif kind == tar.SYMLINK:
-                self._add(self._symlink(path, entry.linkname, entry.mtime, at, origin))
+                self._add(self._symlink(path, entry.linkname, entry.mtime, at, origin), budget)
             elif kind == tar.HARDLINK:
                 target = join(prefix, member_path(entry.linkname, where))
                 self._add(Member(path, HARDLINK, 0, entry.mtime, target=target, where=at, origin=origin,
-                                 archived=True))
+                                 archived=True), budget)
             elif self.expand and (inner := expanded_name(name)) is not None:
                 yield from self._nested(_Pieces(reader.data(entry)), at, join(prefix, inner), entry.mtime, origin,
                                         budget, depth)
@@ -159,7 +170,9 @@ class Expander:
                     member.data = BytesFile(data, member.size, entry.regions)
                 else:
                     self._fill(member, reader.data(entry), entry.regions, budget)
-                yield self._add(member), member
+                if entry.regions is not None:  # its holes: what the tree holds is the apparent size
+                    budget.spend(member.size - entry.size, at)
+                yield self._add(member, budget), member
 
     def zip_file(self, file: IO[bytes], where: str, origin: int, budget: Budget,
                  prefix: bytes = b"") -> Iterator[tuple[int, Member]]:
@@ -181,10 +194,11 @@ class Expander:
                 name = member_path(entry.name, where)
                 path, at = join(prefix, name), f"{where}:{show(entry.name)}"
                 if entry.type == "dir":
-                    self._add(Member(path, DIR, stat.S_IFDIR | entry.mode, entry.mtime, where=at, origin=origin))
+                    self._add(Member(path, DIR, stat.S_IFDIR | entry.mode, entry.mtime, where=at, origin=origin),
+                              budget)
                 elif entry.type == "symlink":
                     target = self._small(reader, entry, at)
-                    self._add(self._symlink(path, target, entry.mtime, at, origin))
+                    self._add(self._symlink(path, target, entry.mtime, at, origin), budget)
                 elif self.expand and (inner := expanded_name(name)) is not None:
                     yield from self._nested(_Pieces(reader.data(entry)), at, join(prefix, inner), entry.mtime,
                                             origin, budget, depth)
@@ -192,13 +206,13 @@ class Expander:
                     member = Member(path, FILE, stat.S_IFREG | entry.mode, entry.mtime, entry.size, where=at,
                                     origin=origin, archived=True)
                     self._fill(member, reader.data(entry), None, budget)
-                    yield self._add(member), member
+                    yield self._add(member, budget), member
         finally:
             reader.close()
 
     def _nested(self, pieces: _Pieces, where: str, path: bytes, mtime: int, origin: int, budget: Budget,
                 depth: int) -> Iterator[tuple[int, Member]]:
-        self._add(Member(path, DIR, stat.S_IFDIR | 0o755, mtime, where=where, origin=origin))
+        self._add(Member(path, DIR, stat.S_IFDIR | 0o755, mtime, where=where, origin=origin), budget)
         yield from self.archive(pieces, where, path, origin, budget, depth + 1)
         pieces.drain()  # what follows the archive's end inside the member (padding)
 
@@ -213,8 +227,13 @@ class Expander:
         return Member(path, SYMLINK, stat.S_IFLNK | 0o777, mtime, len(target), target, where=where, origin=origin,
                       archived=True)
 
-    def _add(self, member: Member) -> int:
-        return self.builder.add(member)
+    def _add(self, member: Member, budget: Budget) -> int:
+        """Add ``member`` to the tree; the paths it adds (its own and any directories it implies) count against
+        the budget: one deep name implies thousands of them."""
+        before = self.builder.path_bytes
+        added = self.builder.add(member)
+        budget.spend(self.builder.path_bytes - before, member.where)
+        return added
 
     def _fill(self, member: Member, pieces: Iterator[memoryview | bytes], regions: list[tuple[int, int]] | None,
               budget: Budget) -> None:

@@ -2,7 +2,8 @@
 
 An archive names its members with any bytes.  ``./a//b/`` is ``a/b``; a name that is absolute or has a
 ``..`` component would land outside the tree when extracted, so it is refused (as GNU tar refuses to extract
-it without ``-P``); so is one with a NUL byte or a component longer than a file name can be (255 bytes).
+it without ``-P``); so is one with a NUL byte, a component longer than a file name can be (255 bytes), or a
+whole path longer than Linux opens (4,095 bytes: "File name too long", as GNU tar says of it).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from .members import IngestError
 
 NAME_MAX = 255
+PATH_MAX = 4095  # bytes of a path, its NUL not counted (Linux's PATH_MAX is 4,096 with it)
+SHOWN = 200  # bytes of a name a message shows at most
 ARCHIVE_SUFFIXES = (b".tar", b".tar.gz", b".tgz", b".tar.bz2", b".tbz", b".tbz2", b".tar.xz", b".txz", b".tar.zst",
                     b".tzst", b".zip")
 """What ``--expand-archives`` expands, by name (so that a ``.npz``, a zip inside, stays a file)."""
@@ -17,7 +20,9 @@ ARCHIVE_SUFFIXES = (b".tar", b".tar.gz", b".tgz", b".tar.bz2", b".tbz", b".tbz2"
 
 def show(name: bytes) -> str:
     """A name as a message shows it: text where it is UTF-8, escapes where it is not or where it is not printable
-    (a message stays one line)."""
+    (a message stays one line, and short: a longer name shows its start and its length)."""
+    if len(name) > SHOWN:
+        return f"{show(name[:SHOWN])}...({len(name):,} bytes)"
     text = name.decode("utf-8", "backslashreplace")
     return text if text.isprintable() else repr(text)[1:-1]
 

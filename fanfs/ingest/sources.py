@@ -22,6 +22,7 @@ from .members import DIR, IngestError, Member, Spool
 from .names import NAME_MAX
 from .streams import Counted, kind_of
 from .tree import Tree, TreeBuilder
+from .zip import has_zip_directory
 
 DEFAULT_MAX_EXPANSION = 1000.0
 """An archive's members may hold this many times the archive's bytes (deflate's limit is ~1,030x: a bigger ratio
@@ -71,7 +72,6 @@ class Ingest:
         if [src for _, src in split].count("-") > 1:
             raise IngestError("standard input (-) can be read once only")
         self.expand = expand_archives
-        self.max_expansion = max_expansion
         self.skipped = 0
         self._handed = 0  # bytes of directory files handed on (progress)
         self._warn = warn
@@ -84,6 +84,7 @@ class Ingest:
             self.close()
             raise
         self.builder = TreeBuilder([s.label for s in self.sources])
+        self.budget = Budget(max_expansion)  # one for every archive of the pack
 
     def skip(self, text: str) -> None:
         """An entry left out (a special file, a link pointing out of an archive): counted and said."""
@@ -117,6 +118,8 @@ class Ingest:
             except OSError as err:
                 raise IngestError(f"cannot read source {label}: {err.strerror}") from None
             kind = kind_of(head)
+            if kind is None and fd and has_zip_directory(fd):  # a self-extracting zip, as unzip reads it
+                kind = "zip"
             if kind is None:
                 what = "empty" if not head else "neither a directory nor an archive fanfs reads (tar, tar.gz/bz2/xz/zst, zip)"
                 raise IngestError(f"source {label} is {what}")
@@ -164,13 +167,13 @@ class Ingest:
                 for rel, inner, mtime in source.walked.archives:
                     yield from self._nested_file(expander, source, origin, rel, inner, mtime)
             elif source.kind == "zip":
-                budget = Budget(source.raw, source.label, self.max_expansion)
-                budget.raw.consumed = source.size or 0  # a zip is read where it lies, all of it counted
+                source.raw.consumed = source.size or 0  # a zip is read where it lies, all of it counted
+                self.budget.read_from(source.raw)
                 with os.fdopen(os.dup(source.raw.fd), "rb") as file:
-                    yield from expander.zip_file(file, source.label, origin, budget, source.prefix)
+                    yield from expander.zip_file(file, source.label, origin, self.budget, source.prefix)
             else:
-                yield from expander.archive(source.raw, source.label, source.prefix, origin,
-                                            Budget(source.raw, source.label, self.max_expansion))
+                self.budget.read_from(source.raw)
+                yield from expander.archive(source.raw, source.label, source.prefix, origin, self.budget)
         if self.builder.root_implied():
             self.builder.set_root(stat.S_IFDIR | 0o755, self.sources[0].mtime)
 
@@ -187,7 +190,8 @@ class Ingest:
         try:
             raw = Counted(fd)
             self.builder.add(Member(inner, DIR, stat.S_IFDIR | 0o755, mtime, where=label, origin=origin))
-            yield from expander.archive(raw, label, inner, origin, Budget(raw, label, self.max_expansion))
+            self.budget.read_from(raw)
+            yield from expander.archive(raw, label, inner, origin, self.budget)
             self._handed += raw.consumed
         finally:
             os.close(fd)

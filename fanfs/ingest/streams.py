@@ -131,6 +131,8 @@ class ByteStream:
 
     def take(self, n: int) -> bytes | None:
         """Exactly ``n`` bytes, or None if the source ends first (what was there is consumed)."""
+        if n < 0:
+            raise IngestError(f"a read of {n:,} bytes: a stream is read forward only (a corrupt size?)")
         pos, buf = self._pos, self._buf
         if n <= len(buf) - pos:
             self._pos = pos + n
@@ -153,6 +155,8 @@ class ByteStream:
 
     def pieces(self, n: int) -> Iterator[memoryview]:
         """``n`` bytes as consecutive views of at most a megabyte each; Truncated if the source ends first."""
+        if n < 0:
+            raise IngestError(f"a read of {n:,} bytes: a stream is read forward only (a corrupt size?)")
         while n > 0:
             if self._pos >= len(self._buf):
                 self._buf, self._pos = self._read(_BLOCK), 0

@@ -18,7 +18,7 @@ from .streams import ByteStream, Truncated
 
 BLOCK = 512
 ZERO = bytes(BLOCK)
-MAX_EXTENDED = 1 << 20  # a pax header or GNU long name larger than this is not an honest one
+MAX_EXTENDED = 1 << 20  # a pax header, GNU long name or sparse map larger than this is not an honest one
 REGULAR, HARDLINK, SYMLINK, CHARDEV, BLOCKDEV, DIRECTORY, FIFO = b"0", b"1", b"2", b"3", b"4", b"5", b"6"
 _KNOWN = {HARDLINK, SYMLINK, CHARDEV, BLOCKDEV, DIRECTORY, FIFO}
 """Other type flags name regular files: old ones (NUL), contiguous files (7), and, as POSIX asks, any unknown."""
@@ -60,6 +60,7 @@ def _nts(field: bytes) -> bytes:
 def _pax(data: bytes, where: str) -> dict[bytes, bytes]:
     """The records of a pax header (``LENGTH key=value\\n``); GNU's repeated sparse keys keep every value."""
     records: dict[bytes, bytes] = {}
+    sparse: list[bytes] = []
     pos = 0
     while pos < len(data) and data[pos:pos + 1] != b"\0":
         space = data.find(b" ", pos)
@@ -72,12 +73,13 @@ def _pax(data: bytes, where: str) -> dict[bytes, bytes]:
             raise IngestError(f"{where}: a malformed pax header: the archive is corrupt")
         key, _, value = record[:-1].partition(b"=")
         if key in (b"GNU.sparse.offset", b"GNU.sparse.numbytes"):  # sparse 0.0: pairs in order
-            records[b"GNU.sparse.map"] = records.get(b"GNU.sparse.map", b"") + b"," + value
+            sparse.append(value)
         else:
             records[key] = value
         pos += length
+    if sparse:
+        records[b"GNU.sparse.map"] = b",".join(sparse)
     return records
-
 
 def _pax_time(value: bytes, where: str) -> int:
     """Seconds with an optional fraction (``1700000000.5``, ``-1.25``) as nanoseconds, exactly."""
@@ -193,7 +195,8 @@ class TarReader:
             elif kind == b"K":
                 long_link = _nts(self._extended(size, "long link name"))
             elif kind == b"V":  # a volume label names no file
-                self.stream.skip(size + (-size % BLOCK))
+                self._unread = size + (-size % BLOCK)
+                self._skip_rest()
             elif kind in (b"M", b"N"):
                 raise IngestError(f"{self.where}: a GNU multi-volume or old long-name member: fanfs reads "
                                   "single-volume archives only")
@@ -254,7 +257,10 @@ class TarReader:
             try:
                 entry.size = int(pax[b"size"])
             except ValueError:
-                raise IngestError(f"{self.where}: a pax header with a bad size: the archive is corrupt") from None
+                entry.size = -1
+            if entry.size < 0:
+                raise IngestError(f"{self.where}: member {show(entry.name)} has a pax header with a bad size "
+                                  f"{show(pax[b'size'])}: the archive is corrupt")
         major = pax.get(b"GNU.sparse.major")
         if major == b"1":  # sparse 1.0: the map opens the member's data
             entry.name = pax.get(b"GNU.sparse.name", entry.name)
@@ -281,22 +287,21 @@ class TarReader:
         return self._int(pax[key])
 
     def _sparse_map_in_data(self, entry: TarEntry) -> None:
-        """Sparse 1.0: decimal numbers, one a line (a count, then offset/length pairs), in whole blocks."""
-        text = b""
+        """Sparse 1.0: decimal numbers, one a line (a count, then offset/length pairs), in whole blocks; each
+        block's lines are parsed once (the map is read in one pass)."""
+        partial = b""  # a line the last block cut
         numbers: list[int] = []
         used = 0
-        while True:
+        while not numbers or len(numbers) < 1 + 2 * numbers[0]:
+            if used >= MAX_EXTENDED:
+                raise IngestError(f"{self.where}: sparse member {show(entry.name)} has a map larger than "
+                                  f"{MAX_EXTENDED:,} bytes: the archive is corrupt or hostile")
             block = self._block()
             if block is None or len(block) < BLOCK:
                 raise Truncated(f"{self.where}: the archive ends inside a sparse file's map (truncated)")
             used += BLOCK
-            text += block
-            lines = text.split(b"\n")
-            numbers = [self._int(n) for n in lines[:-1]]
-            if numbers and len(numbers) >= 1 + 2 * numbers[0]:
-                break
-            if used > MAX_EXTENDED:
-                raise IngestError(f"{self.where}: a sparse file's map larger than {MAX_EXTENDED:,} bytes")
+            *lines, partial = (partial + block).split(b"\n")
+            numbers += [self._int(n) for n in lines]
         entry.regions = _pairs(numbers[1:1 + 2 * numbers[0]], self.where)
         entry.size -= used
         if entry.size < 0:
@@ -307,7 +312,12 @@ class TarReader:
         numbers = self._slots(block[386:482], 4)
         extended = block[482]
         entry.realsize = _number(block[483:495], "real size", self.where)
+        blocks = 0
         while extended:
+            blocks += 1
+            if blocks * BLOCK > MAX_EXTENDED:
+                raise IngestError(f"{self.where}: sparse member {show(entry.name)} has a map of more than "
+                                  f"{MAX_EXTENDED // BLOCK:,} extension blocks: the archive is corrupt or hostile")
             more = self._block()
             if more is None or len(more) < BLOCK:
                 raise Truncated(f"{self.where}: the archive ends inside a sparse file's map (truncated)")

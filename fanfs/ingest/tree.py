@@ -23,10 +23,11 @@ import numpy as np
 
 from ..store.format import DIR, SYMLINK
 from .members import HARDLINK, IngestError, Member, describe_type
-from .names import show
+from .names import PATH_MAX, show
 
 MAX_LINK_HOPS = 40  # as the kernel follows symbolic links (ELOOP beyond)
 IMPLIED_MODE = stat.S_IFDIR | 0o755
+MTIME_MIN, MTIME_MAX = -(1 << 63), (1 << 63) - 1  # the index's mtimes: int64 nanoseconds, 1677 to 2262
 
 
 @dataclass
@@ -65,13 +66,20 @@ class TreeBuilder:
         self._links: dict[int, int] = {}  # hard link -> the member it names again (never itself a hard link)
         self._archived_links: dict[int, str] = {}  # link -> where it came from
         self._origin = array("H", [0])  # the source each entry came from, for a clash's message
+        self.path_bytes = 0  # of every entry's path: what the tree holds besides files' bytes
 
     def __len__(self) -> int:
         return len(self._path)
 
     def add(self, member: Member) -> int:
-        """The provisional id of ``member`` (a directory named again keeps its first id)."""
+        """The provisional id of ``member`` (a directory named again keeps its first id).  An mtime past 2262 (or
+        before 1677), which an archive may give, is held as the nearest the index holds, as GNU tar extracts it
+        (with a warning) rather than refuse it."""
+        member.mtime = min(max(member.mtime, MTIME_MIN), MTIME_MAX)
         path = member.path
+        if len(path) > PATH_MAX:
+            raise IngestError(f"{member.where}: a path of {len(path):,} bytes, more than the {PATH_MAX:,} a path may "
+                              "have (File name too long): fanfs cannot present it")
         known = self._ids.get(path)
         if known is not None:
             return self._again(known, member)
@@ -112,6 +120,7 @@ class TreeBuilder:
         self._origin.append(0)
         self._ids[path] = new
         self._children[parent].append(new)
+        self.path_bytes += len(path)
         return new
 
     def _again(self, known: int, member: Member) -> int:
@@ -127,19 +136,33 @@ class TreeBuilder:
 
     def _directory(self, path: bytes, member: Member) -> int:
         """The id of directory ``path``, made (implied) with its missing parents if need be."""
-        missing = []
-        while (known := self._ids.get(path)) is None:
-            missing.append(path)
-            path = path.rpartition(b"/")[0]
+        known = self._ids.get(path)
+        if known is not None and self._type[known] == DIR:
+            return known  # most members: their directory is known
+        cuts = [i for i, byte in enumerate(path) if byte == 0x2F] + [len(path)]  # the ends of path's ancestors
+        at = self._deepest_known(path, cuts)
+        known = self._ids[path[:cuts[at]] if at >= 0 else b""]
         if self._type[known] != DIR:
-            raise IngestError(f"name clash: {show(path)} is a {describe_type(self._type[known])} from "
+            raise IngestError(f"name clash: {show(path[:cuts[at]])} is a {describe_type(self._type[known])} from "
                               f"{self._origins[self._origin[known]]}, but {member.where} puts {show(member.path)} "
                               "inside it")
-        for path in reversed(missing):
-            known = self._new(path, known, DIR, IMPLIED_MODE, member.mtime, 0)
+        for end in cuts[at + 1:]:
+            known = self._new(path[:end], known, DIR, IMPLIED_MODE, member.mtime, 0)
             self._children[known] = array("q")
             self._implied.add(known)
             self._origin[known] = member.origin
+        return known
+
+    def _deepest_known(self, path: bytes, cuts: list[int]) -> int:
+        """Which of ``path``'s ancestors (ending at ``cuts``; -1: the root) is the deepest known one, found by
+        bisection (every known path's ancestors are known), not one level at a time: a deep path costs its length."""
+        known, missing = -1, len(cuts)
+        while missing - known > 1:
+            mid = (known + missing) // 2
+            if path[:cuts[mid]] in self._ids:
+                known = mid
+            else:
+                missing = mid
         return known
 
     def path_and_size(self, node: int) -> tuple[bytes, int]:

@@ -1,18 +1,21 @@
 """Zip archives: members in the order they lie in the file (one forward pass over their data).
 
 A zip's directory is at its end, so a zip is read from a file (or, nested in another archive, from its bytes
-in memory or spooled), never from a pipe.  Names keep their bytes (zip's UTF-8 flag, else the bytes as
-written); Unix modes, symbolic links and exact mtimes (the ``UT`` extra field) are kept where the zip has
+in memory or spooled), never from a pipe; a program before it (a self-extracting zip) is passed over, as unzip
+does.  Names keep their bytes (zip's UTF-8 flag, else the bytes as written, or the UTF-8 name of an Info-ZIP
+Unicode Path field that matches them, as unzip takes it); Unix modes, symbolic links and exact mtimes (the ``UT`` extra field) are kept where the zip has
 them.  A zip whose members' data overlap (the "quoted overlap" bomb, one compressed stream counted many
 times) is refused before anything is read.
 """
 
 from __future__ import annotations
 
+import os
 import stat
 import struct
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -22,6 +25,7 @@ from .names import show
 
 _LOCAL = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
 _UT = 0x5455  # extended timestamp extra field
+_UNICODE_PATH = 0x7075  # Info-ZIP's Unicode Path extra field: version 1, the CRC-32 of the name, the name in UTF-8
 
 
 @dataclass(slots=True)
@@ -34,14 +38,22 @@ class ZipEntry:
     info: zipfile.ZipInfo
 
 
-def _mtime(info: zipfile.ZipInfo) -> int:
+def _extra(info: zipfile.ZipInfo, tag: int) -> bytes | None:
+    """The data of the extra field ``tag`` of a member (the first one), or None."""
     extra = info.extra
     pos = 0
     while pos + 4 <= len(extra):
-        tag, length = struct.unpack_from("<HH", extra, pos)
-        if tag == _UT and length >= 5 and extra[pos + 4] & 1:
-            return struct.unpack_from("<i", extra, pos + 5)[0] * 1_000_000_000
+        kind, length = struct.unpack_from("<HH", extra, pos)
+        if kind == tag:
+            return extra[pos + 4:pos + 4 + length]
         pos += 4 + length
+    return None
+
+
+def _mtime(info: zipfile.ZipInfo) -> int:
+    stamp = _extra(info, _UT)
+    if stamp is not None and len(stamp) >= 5 and stamp[0] & 1:
+        return struct.unpack_from("<i", stamp, 1)[0] * 1_000_000_000
     try:
         return int(time.mktime((*info.date_time, 0, 0, -1))) * 1_000_000_000  # DOS time: local time, as unzip has it
     except (OverflowError, ValueError):
@@ -49,8 +61,23 @@ def _mtime(info: zipfile.ZipInfo) -> int:
 
 
 def _raw_name(info: zipfile.ZipInfo) -> bytes:
-    """The name's bytes as written: UTF-8 when the zip says so, else decoded as cp437 by zipfile (undone here)."""
-    return info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437", "surrogateescape")
+    """The name's bytes: the UTF-8 of a Unicode Path field written for this very name (its CRC-32 says so), else
+    as written: UTF-8 when the zip says so, else decoded as cp437 by zipfile (undone here)."""
+    raw = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437", "surrogateescape")
+    unicode = _extra(info, _UNICODE_PATH)
+    if unicode is not None and len(unicode) > 5 and unicode[0] == 1 \
+            and struct.unpack_from("<I", unicode, 1)[0] == zlib.crc32(raw):
+        return unicode[5:]
+    return raw
+
+
+def has_zip_directory(fd: int) -> bool:
+    """Whether the regular file open as ``fd`` ends with a zip's directory (a self-extracting zip: a program,
+    then the archive); moves the file's offset."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return False
+    with os.fdopen(os.dup(fd), "rb") as file:
+        return zipfile.is_zipfile(file)
 
 
 class ZipReader:

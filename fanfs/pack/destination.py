@@ -9,6 +9,7 @@ directory of other files, never a symlink.  Leftovers of killed packs are recogn
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -119,8 +120,9 @@ def _remove_stale(parent: str, name: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def commit(tmp: str, store: str) -> None:
-    """Put the finished store in place with renames (atomic on one file system)."""
+def commit(tmp: str, store: str, force: bool) -> None:
+    """Put the finished store in place with renames (atomic on one file system).  A store another pack put there
+    meanwhile is replaced only with ``force``, as one there before this pack began would be."""
     os.unlink(os.path.join(tmp, PARTIAL_MARKER))
     fd = os.open(tmp, os.O_RDONLY)
     os.fsync(fd)
@@ -130,11 +132,23 @@ def commit(tmp: str, store: str) -> None:
         if os.listdir(store):
             if not _is_store(store):  # it changed since the pack started: leave it alone
                 raise PackError(f"{store} was changed during the pack and is no longer a fanfs store: not replaced")
+            if not force:
+                raise _made_meanwhile(store)
             _mark(store)
             old = os.path.abspath(store) + f".old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             os.rename(store, old)
         else:
             os.rmdir(store)
-    os.rename(tmp, store)
+    try:
+        os.rename(tmp, store)
+    except OSError as err:
+        if err.errno in (errno.ENOTEMPTY, errno.EEXIST):  # another pack's store landed there just now
+            raise _made_meanwhile(store) from None
+        raise
     if old:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _made_meanwhile(store: str) -> PackError:
+    return PackError(f"{store} is a fanfs store made by another pack while this one ran: this one was not stored "
+                     "(use --force to replace it)")

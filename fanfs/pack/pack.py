@@ -142,7 +142,7 @@ def _build(ingest: Ingest, store: str, total: int | None, opts: PackOptions, run
                 if err.errno in (errno.ENOSPC, errno.EDQUOT):  # a spool file of a large archive member
                     raise _no_space(tmp, store, total) from None
                 raise
-            commit(tmp, store)
+            commit(tmp, store, opts.force)
         except BaseException:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)

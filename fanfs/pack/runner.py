@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..util.workers import process_pool
-from .shards import ShardJob, ShardResult, pack_shard
+from .shards import PackError, ShardJob, ShardResult, pack_shard
 
 _progress_counter: Any = None
 
@@ -75,7 +75,10 @@ class LocalRunner(ShardRunner):
         if not self._pending:
             return []
         done, self._pending = cf.wait(self._pending, timeout=timeout, return_when=cf.FIRST_COMPLETED)
-        return [future.result() for future in done]
+        try:
+            return [future.result() for future in done]
+        except cf.BrokenExecutor:  # a worker killed outright (the OOM killer's SIGKILL): one line, not a traceback
+            raise PackError("a worker process failed: it was killed (out of memory?); the pack stopped") from None
 
     def in_flight(self) -> int:
         return len(self._pending)

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import zstandard
+from fanfs_command import fanfs
 from photo_samples import make_photo_set
+
+from fanfs.store import Store
 
 MTIME = 1_700_000_000  # whole, even seconds: every archive format (zip's 2-second DOS time too) keeps them
 COMPRESS = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress,
@@ -114,3 +117,62 @@ def member(name: str, data: bytes = b"x", kind: bytes = tarfile.REGTYPE, link: s
         info.size = len(data)
         return info, data
     return info, None
+
+
+def raw_header(name: bytes, size: int, kind: bytes = b"0", fields: dict[int, bytes] | None = None) -> bytes:
+    """One GNU tar header block as written by hand: ``fields`` puts bytes at offsets (a sparse map, a base-256
+    number) that no tool writes as asked; the checksum is made to add up."""
+    block = bytearray(512)
+    block[0:len(name)] = name
+    block[100:124] = b"0000644\0" + b"0000000\0" * 2
+    block[124:136] = b"%011o\0" % size
+    block[136:148] = b"%011o\0" % MTIME
+    block[156:157] = kind
+    block[257:265] = b"ustar  \0"
+    for at, value in (fields or {}).items():
+        block[at:at + len(value)] = value
+    block[148:156] = b"        "
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def padded(data: bytes) -> bytes:
+    return data + bytes(-len(data) % 512)
+
+
+def old_gnu_sparse(extension_blocks: int) -> bytes:
+    """An old-GNU sparse member (type S) whose map goes on for ``extension_blocks`` blocks of 21 empty regions."""
+    slot = b"%011o\0%011o\0" % (0, 0)
+    head = raw_header(b"sparse", 0, b"S", {386: slot, 482: b"\1", 483: b"%011o\0" % 0})
+    more = bytearray(512)
+    more[0:24 * 21] = slot * 21
+    more[504] = 1
+    return head + bytes(more) * extension_blocks + bytes(1024)
+
+
+def pax_sparse(name: str, realsize: int, map_text: bytes, data: bytes = b"") -> bytes:
+    """A GNU sparse 1.0 member (as ``tar --format=posix -S`` writes it): its map ``map_text`` opens its data."""
+    body = padded(map_text) + data
+    records = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": name,
+               "GNU.sparse.realsize": str(realsize)}
+    return tar_bytes([member(f"GNUSparseFile.0/{name}", body, pax=records)])
+
+
+def refused(tmp_path: Path, archive: bytes, *options: str, expect: str, name: str = "bad.tar") -> str:
+    """Pack ``archive``; the one line it gets, after checking that nothing was left anywhere in tmp_path."""
+    source = tmp_path / name
+    source.write_bytes(archive)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    done = fanfs("pack", source, tmp_path / "store", *options, check=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and lines[-1].startswith("fanfs: error: "), done.stderr
+    assert "Traceback" not in done.stderr and expect in lines[-1], lines[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no store, no partial store, nothing else
+    return lines[-1]
+
+
+def packed(tmp_path: Path, archive: bytes, *options: str) -> tuple[Store, str]:
+    source = tmp_path / "odd.tar"
+    source.write_bytes(archive)
+    done = fanfs("pack", source, tmp_path / "store", *options)
+    return Store(str(tmp_path / "store")), done.stderr

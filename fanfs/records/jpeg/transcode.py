@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import subprocess
-import tempfile
 import threading
 
 from .markers import JpegError, end_of_image, frame, looks_like_jpeg, split_layers
@@ -107,14 +107,18 @@ def _transformer() -> _Transformer:
 
 
 def _jpegtran(data: bytes, script: ScanScript) -> bytes:
-    with tempfile.NamedTemporaryFile("w", suffix=".scans") as f:
-        f.write(script.text)
-        f.flush()
+    """``jpegtran -scans``, the script given as a file in memory (``/dev/fd/N``): a worker killed mid-transcode
+    (the OOM killer's SIGKILL) leaves no file behind, as a temporary file in /tmp would be left."""
+    fd = os.memfd_create("fanfs-scans")
+    try:
+        os.write(fd, script.text.encode())
         try:
-            p = subprocess.run(["jpegtran", "-copy", "all", "-optimize", "-strict", "-scans", f.name],
-                               input=data, capture_output=True, check=False)
+            p = subprocess.run(["jpegtran", "-copy", "all", "-optimize", "-strict", "-scans", f"/dev/fd/{fd}"],
+                               input=data, capture_output=True, check=False, pass_fds=(fd,))
         except FileNotFoundError:
             raise JpegError("jpegtran not installed (needed for custom scan scripts)") from None
+    finally:
+        os.close(fd)
     if p.returncode != 0 or not p.stdout:
         msg = p.stderr.decode(errors="replace").strip().replace("\n", "; ")
         raise JpegError(f"transcoder refused: {msg or f'jpegtran exit {p.returncode}'}")
