@@ -54,6 +54,15 @@ WORKERS = 8
 on the GIL)."""
 
 
+def reply_extent(req: int, store: Store, entry: int, view: int, size: int, offset: int) -> None:
+    """Answer a read of an extent from its copy's pages (spliced), or by the copy path where that cannot be."""
+    with store.extents.located(entry, offset, size) as found:  # type: ignore[union-attr]  (a store with extents)
+        if found is not None:
+            splice.reply_fd(req, *found)
+            return
+    ll.reply_spans(req, store.spans(entry, offset, size, view))
+
+
 class Deferred:
     """Worker threads that answer read requests the loop hands over, replying to the kernel themselves."""
 
@@ -74,13 +83,10 @@ class Deferred:
             ll.answer(*job)
 
     def _read(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
-        extents = self._extents
-        if extents is not None and extents.is_extent[entry]:
-            with extents.located(entry, offset, size) as found:
-                if found is not None:
-                    splice.reply_fd(req, *found)
-                    return
-        ll.reply_spans(req, self.store.spans(entry, offset, size, view))
+        if self._extents is not None and self._extents.is_extent[entry]:
+            reply_extent(req, self.store, entry, view, size, offset)
+        else:
+            ll.reply_spans(req, self.store.spans(entry, offset, size, view))
 
     def close(self) -> None:
         """Let every worker finish the read it holds (a peer's answer or its timeout) before the session
@@ -225,8 +231,13 @@ class FanfsFS:
     def read(self, req: int, ino: int, size: int, offset: int) -> None:
         entry, view = self._decode(ino)
         view = view or FULL
-        # an extent is spliced from a copy's pages (its first read of each chunk waits on the disk to verify it),
-        # a file a peer or the shared store must answer waits on them: either by a worker thread, never in the loop
+        # an extent is spliced from a copy's pages: in the loop once its chunks are verified (a worker thread costs more
+        # than the splice: the interpreter lock handed over ~13 times a request), by a worker while a chunk's first read
+        # must wait on the disk to verify it; a file a peer or the shared store must answer waits on them: by a worker
+        if self._spliced is not None and self._spliced[entry] and self.store.is_local(entry, view) \
+                and self.store.extents.all_verified(entry, offset, size):  # type: ignore[union-attr]
+            reply_extent(req, self.store, entry, view, size, offset)  # here: neither a disk nor a peer to wait on
+            return
         if (self._spliced is not None and self._spliced[entry]) or not self.store.is_local(entry, view):
             if self._deferred is None:
                 self._deferred = Deferred(self.store, splice=self._spliced is not None)

@@ -83,6 +83,16 @@ class ExtentPlaces:
             with self._lock:
                 stream.users -= 1
 
+    def all_verified(self, entry: int, offset: int, size: int) -> bool:
+        """Whether every chunk that bytes ``[offset, offset + size)`` of extent ``entry`` touch was verified in a copy
+        (then locating them waits on no read of this process's)."""
+        chunk, first = self._chunk, self._first[entry]
+        end = min(offset + size, self._size[entry])
+        if offset >= end:
+            return True
+        last, blob = first + (end - 1) // chunk, first + offset // chunk
+        return bool(self._verified[blob] and (last == blob or all(self._verified[blob + 1:last + 1])))
+
     def _place(self, entry: int, offset: int, end: int) -> tuple[_Stream, int] | None:
         chunk, first, shard = self._chunk, self._first[entry], self._shard[entry]
         blobs = range(first + offset // chunk, first + (end - 1) // chunk + 1)
