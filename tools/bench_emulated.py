@@ -37,7 +37,7 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from bench_cluster import job, make_tree, mpi_fanfs
+from clusterjob import job, make_tree, mpi_fanfs
 from bench_lazy import BATCH, capacity_rows, lazy_rows, print_capacity, print_lazy
 from emucluster import Cluster, emulated_cluster, rate_bits
 

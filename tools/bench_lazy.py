@@ -27,7 +27,7 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from bench_cluster import mpi_fanfs
+from clusterjob import mpi_fanfs
 from emucluster import Cluster
 
 BATCH = 64

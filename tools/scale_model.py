@@ -22,7 +22,7 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from bench_cluster import make_tree
+from clusterjob import make_tree
 from bench_emulated import stage
 from emucluster import emulated_cluster, rate_bits
 
