@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """fanfs at 16 ... 1,024 nodes, on paper: a model of start-up, index broadcast, staging and remote-read
-traffic, its constants measured on emulated clusters of 2, 4 and 8 nodes (``tools/emucluster.py``).
+traffic, its constants measured on emulated clusters of 2, 4 and 8 nodes (``tools/emulated/emucluster.py``).
 
 Per emulated size N: the launch of one rank per node to MPI ready (Hydra, proxies entering the
 namespaces), the store's index read by rank 0 from the shared file system (sshfs) and broadcast, a

@@ -16,7 +16,7 @@ Real-photo JPEGs of about 110 KB (and a small tree of ~28 KB ones) packed with f
 
 ``--reads``: only the reads (no spread, no stopped or dead peer).
 ``--emulate``: fanfs against a shared file system on an emulated cluster instead (nodes in network
-namespaces, shaped links, sshfs): ``tools/bench_emulated.py``, whose options follow ``--emulate``.
+namespaces, shaped links, sshfs): ``tools/bench/bench_emulated.py``, whose options follow ``--emulate``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A cache, not only a copy, on the emulated cluster: rows of ``tools/bench_cluster.py --emulate`` (issue 30).
+"""A cache, not only a copy, on the emulated cluster: rows of ``tools/bench/bench_cluster.py --emulate`` (issue 30).
 
 * **lazy against full staging**: from the job's launch (``mpiexec fanfs mount ... --stage`` or ``--stage lazy``),
   when every node has read its first batch (``--batch`` files per node; its readers start with the launch and
