@@ -1,13 +1,16 @@
 """Issues 9 and 18: the package's shape holds: layers import only downwards, no import cycles, short modules,
-every folder in the layer table and the design page's (docs/design.rst), ruff's rules; serve knows no cluster; record kinds are
+every folder in the layer table and the design page's (docs/design.rst), ruff's rules; serve knows no cluster (nor its cache or peers); record kinds are
 reached only through their registry.
 
 Layers, lowest first (a module may import its own layer's package and any lower layer):
-errors/util -> codecs -> records -> store -> ingest -> pack | tune -> serve -> cluster | train -> cli | fsspec.
-pack and tune are siblings (neither imports the other); cluster sits beside serve and may use it;
+errors/util -> codecs -> records -> store -> ingest -> pack | tune -> serve | peers -> cache -> cluster | train
+-> cli | fsspec.
+pack and tune are siblings (neither imports the other); so are serve (the mount) and peers (the MPI world,
+placement and the peer protocol); cache (a node's staging, lazy fill, capacity, prefetch and local cache file)
+uses peers and sits below cluster (what starts and runs a job), which uses them all and serve;
 train (the PyTorch side, which talks to a mount) is a sibling of cluster.  fsspec (the in-process
 front, the only importer of the fsspec package) sits on top, beside cli: on a cluster node it reads
-the node's view, staged shards and peers, through cluster's authenticated client, as the node's mount
+the node's view, staged shards and peers, through the peers' authenticated client, as the node's mount
 does; neither it nor cli imports the other.
 Every import counts, those inside functions too.
 """
@@ -23,8 +26,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "fanfs"
-RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "ingest": 4, "pack": 5, "tune": 5, "serve": 6, "cluster": 7,
-        "train": 7, "cli": 8, "fsspec": 8}
+RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "ingest": 4, "pack": 5, "tune": 5, "serve": 6, "peers": 6,
+        "cache": 7, "cluster": 8, "train": 8, "cli": 9, "fsspec": 9}
 GROUP = {"fanfs": "base", "errors": "base", "util": "base", "__main__": "cli"}  # modules that belong to a layer
 MAX_LINES = 400
 
@@ -169,6 +172,22 @@ def test_modules_are_short():
     assert not long, long
 
 
+MAX_PACKAGE_MODULES, MAX_PACKAGE_LINES = 14, 3000
+
+
+def test_no_package_is_a_grab_bag():
+    """Issue 36: a package holds at most 14 modules of its own (its ``__init__`` aside) and 3,000 lines with its
+    sub-packages; one that grows past either is more than one concern."""
+    big = {}
+    for init in PACKAGE.glob("*/**/__init__.py"):  # fanfs's own folders (fanfs/ itself is the whole house)
+        folder = init.parent
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        lines = sum(len(p.read_text().splitlines()) for p in folder.rglob("*.py"))
+        if len(modules) > MAX_PACKAGE_MODULES or lines > MAX_PACKAGE_LINES:
+            big[str(folder.relative_to(REPO))] = (len(modules), lines)
+    assert not big, big
+
+
 def test_ruff_passes():
     """ruff's default rules, less those pyproject.toml leaves out, over the package, the tools, the tests and the
     documentation's Sphinx configuration and extension."""
@@ -186,9 +205,10 @@ def test_every_package_folder_is_in_the_layer_table_and_the_design_page():
 
 
 def test_serve_imports_nothing_of_cluster_or_train():
-    """The mount takes a ready store and hooks from whoever mounts (a single node, a cluster node, a Slurm step)."""
+    """The mount takes a ready store and hooks from whoever mounts (a single node, a cluster node, a Slurm step):
+    nothing of a job, its node's cache or its peers."""
     bad = [f"{module} -> {target}" for module, targets in graph().items() if layer(module) == "serve"
-           for target in targets if layer(target) in ("cluster", "train")]
+           for target in targets if layer(target) in ("cluster", "cache", "peers", "train")]
     assert not bad, bad
 
 

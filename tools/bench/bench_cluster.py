@@ -78,7 +78,7 @@ def in_process_pass(directory: Path, rels: list[str], readers: int = READERS) ->
 
 def holders(store: Path, rels: list[str], ranks: int, replicas: int) -> dict[str, set[int]]:
     """The nodes holding every blob of each file."""
-    from fanfs.cluster.placement import place
+    from fanfs.peers.placement import place
     from fanfs.store.index import Index
     index = Index(str(store / "index"))
     placement = place(index.blob_stored, ranks, replicas)

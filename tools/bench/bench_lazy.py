@@ -170,9 +170,9 @@ def lazy_rows(cluster: Cluster, stores: dict[str, tuple[str, list[str]]], args: 
 def capacity_rows(cluster: Cluster, store: Path, images: str, rels: list[str], args: Any, repeat: int) -> dict[str, Any]:
     """A store twice the nodes' capacity: the cache with and without the order against reading directly.  ``store``:
     the store in the export (the nodes see it as ``shared/NAME``), ``images``: the tree's name there."""
-    from fanfs.cluster.placement import place
+    from fanfs.peers.placement import place
     from fanfs.store.index import Index
-    from fanfs.store.localcache import state_file_bytes
+    from fanfs.cache.localcache import state_file_bytes
     nodes = len(cluster.nodes)
     index = Index(str(store / "index"))
     share = int(place(index.blob_stored, nodes, 1).node_bytes.max())

@@ -28,7 +28,7 @@ from emucluster import emulated_cluster, rate_bits
 
 RANK_PROGRAM = """
 import json, sys, time
-from fanfs.cluster.world import World, expand, load_index
+from fanfs.peers.world import World, expand, load_index
 world = World.detect()
 world.comm.Barrier()
 ready = time.time()
