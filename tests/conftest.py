@@ -1,8 +1,9 @@
 """Shared fixtures: real FUSE mounts, always unmounted; a private runtime directory; the session's real Slurm.
 
 Helpers that are not tests live in ``tests/support/`` (a package) and, when the benchmarks use them
-too, in ``tools/`` (``fanfs_command``: the ``fanfs`` command and mounts; ``photo_samples``,
-``float_samples``, ``photo_folder``): both are put on ``sys.path`` here.
+too, in ``tools/support/`` (``fanfs_command``: the ``fanfs`` command and mounts; ``photo_samples``,
+``float_samples``, ``photo_folder``); the tests also use ``tools/`` (the one-host Slurm), ``tools/emulated/``
+(the emulated cluster) and ``tools/bench/`` (a benchmark's helpers): all are put on ``sys.path`` here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-sys.path[:0] = [str(TESTS), str(TESTS.parent / "tools")]
+TOOLS = TESTS.parent / "tools"
+sys.path[:0] = [str(TESTS), str(TOOLS), *(str(TOOLS / folder) for folder in ("support", "emulated", "bench"))]
 
 from fanfs_command import fanfs, mounted  # noqa: E402
 

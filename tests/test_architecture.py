@@ -1,13 +1,16 @@
 """Issues 9 and 18: the package's shape holds: layers import only downwards, no import cycles, short modules,
-every folder in the layer table and the design page's (docs/design.rst), ruff's rules; serve knows no cluster; record kinds are
+every folder in the layer table and the design page's (docs/design.rst), ruff's rules; serve knows no cluster (nor its cache or peers); record kinds are
 reached only through their registry.
 
 Layers, lowest first (a module may import its own layer's package and any lower layer):
-errors/util -> codecs -> records -> store -> ingest -> pack | tune -> serve -> cluster | train -> cli | fsspec.
-pack and tune are siblings (neither imports the other); cluster sits beside serve and may use it;
+errors/util -> codecs -> records -> store -> ingest -> pack | tune -> serve | peers -> cache -> cluster | train
+-> cli | fsspec.
+pack and tune are siblings (neither imports the other); so are serve (the mount) and peers (the MPI world,
+placement and the peer protocol); cache (a node's staging, lazy fill, capacity, prefetch and local cache file)
+uses peers and sits below cluster (what starts and runs a job), which uses them all and serve;
 train (the PyTorch side, which talks to a mount) is a sibling of cluster.  fsspec (the in-process
 front, the only importer of the fsspec package) sits on top, beside cli: on a cluster node it reads
-the node's view, staged shards and peers, through cluster's authenticated client, as the node's mount
+the node's view, staged shards and peers, through the peers' authenticated client, as the node's mount
 does; neither it nor cli imports the other.
 Every import counts, those inside functions too.
 """
@@ -23,8 +26,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "fanfs"
-RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "ingest": 4, "pack": 5, "tune": 5, "serve": 6, "cluster": 7,
-        "train": 7, "cli": 8, "fsspec": 8}
+RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "ingest": 4, "pack": 5, "tune": 5, "serve": 6, "peers": 6,
+        "cache": 7, "cluster": 8, "train": 8, "cli": 9, "fsspec": 9}
 GROUP = {"fanfs": "base", "errors": "base", "util": "base", "__main__": "cli"}  # modules that belong to a layer
 MAX_LINES = 400
 
@@ -82,16 +85,16 @@ def test_layers_import_only_downwards():
     assert not bad, "upward or sideways imports: " + ", ".join(sorted(bad))
 
 
-def test_no_import_cycles():
-    edges = graph()
+def cycles(edges: dict[str, set[str]]) -> list[str]:
+    """Every import circle of a graph, each as ``a -> b -> a``."""
     state: dict[str, int] = {}
-    cycles = []
+    found = []
 
     def visit(node: str, path: list[str]) -> None:
         state[node] = 1
         for target in sorted(edges.get(node, ())):
             if state.get(target) == 1:
-                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+                found.append(" -> ".join(path[path.index(target):] + [target]))
             elif target not in state:
                 visit(target, path + [target])
         state[node] = 2
@@ -99,14 +102,90 @@ def test_no_import_cycles():
     for node in sorted(edges):
         if node not in state:
             visit(node, [node])
-    assert not cycles, "import cycles: " + "; ".join(cycles)
+    return found
+
+
+def test_no_import_cycles():
+    found = cycles(graph())
+    assert not found, "import cycles: " + "; ".join(found)
+
+
+TOOLS = REPO / "tools"
+TOOL_RANK = {"support": 0, "emulated": 0, "": 1, "bench": 1}
+"""tools/'s folders, lowest first: what the tests and the benchmarks share (the ``fanfs`` command, sample data)
+and the emulated cluster; the user's commands at the top (the one-host Slurm) and the benchmarks.  A folder's
+modules import their own folder's and lower ones'; the tests put every folder on ``sys.path``, so a module's
+name is its file's name."""
+
+
+def tool_modules(root: Path) -> dict[str, Path]:
+    return {path.stem: path for path in sorted(root.rglob("*.py"))}
+
+
+def tool_graph(root: Path) -> dict[str, set[str]]:
+    """The tools modules each tools module imports (by name: they run with their folders on ``sys.path``)."""
+    modules = tool_modules(root)
+    edges = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module.partition(".")[0])
+            elif isinstance(node, ast.Import):
+                found.update(alias.name.partition(".")[0] for alias in node.names)
+        edges[name] = (found & set(modules)) - {name}
+    return edges
+
+
+def tool_folder(path: Path, root: Path = TOOLS) -> str:
+    return str(path.parent.relative_to(root)).replace(".", "")
+
+
+def test_tools_names_are_unique_and_every_folder_ranked():
+    paths = sorted(TOOLS.rglob("*.py"))
+    assert len({p.stem for p in paths}) == len(paths), "two tools modules share a name"
+    assert {tool_folder(p) for p in paths} <= set(TOOL_RANK)
+
+
+def test_tools_have_no_import_cycles_and_import_only_downwards():
+    edges, modules = tool_graph(TOOLS), tool_modules(TOOLS)
+    found = cycles(edges)
+    assert not found, "import cycles in tools/: " + "; ".join(found)
+    upward = [f"{a} -> {b}" for a, targets in edges.items() for b in targets
+              if (fa := tool_folder(modules[a])) != (fb := tool_folder(modules[b])) and TOOL_RANK[fb] >= TOOL_RANK[fa]]
+    assert not upward, "upward or sideways imports in tools/: " + ", ".join(sorted(upward))
+
+
+def test_the_tools_cycle_check_finds_a_circle(tmp_path):
+    """Issue 36's circle, drawn small: bench_cluster -> bench_emulated -> bench_lazy -> bench_cluster."""
+    (tmp_path / "bench").mkdir()
+    for name, imported in (("bench_cluster", "import bench_emulated"), ("bench_emulated", "from bench_lazy import rows"),
+                           ("bench_lazy", "def f():\n    from bench_cluster import job"), ("benchlib", "import os")):
+        (tmp_path / "bench" / f"{name}.py").write_text(imported + "\n")
+    assert cycles(tool_graph(tmp_path)) == ["bench_cluster -> bench_emulated -> bench_lazy -> bench_cluster"]
 
 
 def test_modules_are_short():
-    """The package's modules and the tools alike (tools/ is code too)."""
-    modules = [*PACKAGE.rglob("*.py"), *(REPO / "tools").glob("*.py")]
+    """The package's modules and the tools alike (tools/ and its folders are code too)."""
+    modules = [*PACKAGE.rglob("*.py"), *TOOLS.rglob("*.py")]
     long = {str(p.relative_to(REPO)): n for p in modules if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+MAX_PACKAGE_MODULES, MAX_PACKAGE_LINES = 14, 3000
+
+
+def test_no_package_is_a_grab_bag():
+    """Issue 36: a package holds at most 14 modules of its own (its ``__init__`` aside) and 3,000 lines with its
+    sub-packages; one that grows past either is more than one concern."""
+    big = {}
+    for init in PACKAGE.glob("*/**/__init__.py"):  # fanfs's own folders (fanfs/ itself is the whole house)
+        folder = init.parent
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        lines = sum(len(p.read_text().splitlines()) for p in folder.rglob("*.py"))
+        if len(modules) > MAX_PACKAGE_MODULES or lines > MAX_PACKAGE_LINES:
+            big[str(folder.relative_to(REPO))] = (len(modules), lines)
+    assert not big, big
 
 
 def test_ruff_passes():
@@ -126,9 +205,10 @@ def test_every_package_folder_is_in_the_layer_table_and_the_design_page():
 
 
 def test_serve_imports_nothing_of_cluster_or_train():
-    """The mount takes a ready store and hooks from whoever mounts (a single node, a cluster node, a Slurm step)."""
+    """The mount takes a ready store and hooks from whoever mounts (a single node, a cluster node, a Slurm step):
+    nothing of a job, its node's cache or its peers."""
     bad = [f"{module} -> {target}" for module, targets in graph().items() if layer(module) == "serve"
-           for target in targets if layer(target) in ("cluster", "train")]
+           for target in targets if layer(target) in ("cluster", "cache", "peers", "train")]
     assert not bad, bad
 
 

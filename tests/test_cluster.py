@@ -26,7 +26,7 @@ import pytest
 from fanfs_command import fanfs, force_unmount
 from support.processes import stop
 
-from fanfs.cluster.placement import place
+from fanfs.peers.placement import place
 from fanfs.records import expand
 from fanfs.serve.control import request
 from fanfs.store import Store
@@ -228,8 +228,8 @@ def test_index_from_broadcast_bytes_equals_the_file(dataset):
 def test_single_node_stage_refuses_a_too_small_disk(dataset, tmp_path, monkeypatch):
     import shutil
 
-    from fanfs.cluster.stage import stage as stage_shards
-    from fanfs.cluster.world import World
+    from fanfs.cache.stage import stage as stage_shards
+    from fanfs.peers.world import World
     from fanfs.errors import StoreError
     _, store, _ = dataset
     index = Index(str(store / INDEX_NAME))

@@ -1,4 +1,4 @@
-"""Issue 21: the multi-node promises over a real network path (``tools/emucluster.py``).
+"""Issue 21: the multi-node promises over a real network path (``tools/emulated/emucluster.py``).
 
 Three node network namespaces and a storage namespace on a bridge, every link shaped with tc; the
 store lies on a real network file system (sshfs from an sshd in the storage namespace) mounted on
@@ -20,16 +20,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from emucluster import emulated_cluster, missing_requirements
 from fanfs_command import fanfs
 from test_cluster import MPIEXEC, Job, finish, read_all, stage
 
 from fanfs.records import FULL
 from fanfs.store import Store
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
-sys.path.insert(0, str(TOOLS))
-from emucluster import emulated_cluster, missing_requirements  # noqa: E402
 
+EMULATED = Path(__file__).resolve().parent.parent / "tools" / "emulated"
 NODES, K = 3, 2
 _why = missing_requirements()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_why is not None, reason=f"emulated cluster: {_why}"),
@@ -145,7 +144,7 @@ def _leftovers(tag: str, workdir: Path) -> list[str]:
 
 
 def _bring_up(workdir: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, str(TOOLS / "emucluster.py"), "up", "--nodes", "2", "--workdir", str(workdir)],
+    proc = subprocess.Popen([sys.executable, str(EMULATED / "emucluster.py"), "up", "--nodes", "2", "--workdir", str(workdir)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     first = proc.stdout.readline()
     tag = re.match(r"emulated cluster (\S+):", first)
@@ -167,6 +166,6 @@ def test_the_cluster_leaves_nothing_behind_after_sigterm_or_kill_9(tmp_path):
     proc, tag = _bring_up(tmp_path)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
-    swept = subprocess.run([sys.executable, str(TOOLS / "emucluster.py"), "down"], capture_output=True, text=True, timeout=60)
+    swept = subprocess.run([sys.executable, str(EMULATED / "emucluster.py"), "down"], capture_output=True, text=True, timeout=60)
     assert swept.returncode == 0 and f"fanfs-{tag}-n0" in swept.stdout, swept.stdout + swept.stderr
     assert not _leftovers(tag, tmp_path)

@@ -25,7 +25,7 @@ from support.processes import mpi_segments, mpi_segments_left, stop
 from test_cluster import MPIEXEC, dataset, finish, holders_of, mpiexec, stage  # noqa: F401  (dataset: a fixture)
 
 from fanfs.cluster.nodeview import KEY_FILE, NODE_FILE
-from fanfs.cluster.placement import place
+from fanfs.peers.placement import place
 from fanfs.errors import FanfsError
 from fanfs.fsspec import FanfsFileSystem  # noqa: F401  (registers the protocol where the entry point is not installed)
 from fanfs.store.format import INDEX_NAME
@@ -183,7 +183,7 @@ def test_job_true_reads_the_node_of_a_slurm_task(dataset, node_job, monkeypatch)
 
 
 NOBODY_READER = """
-import sys, fsspec, fanfs.fsspec, fanfs.cluster.nodeview, fanfs.cluster.peer
+import sys, fsspec, fanfs.fsspec, fanfs.cluster.nodeview, fanfs.peers.peer
 import os, pwd
 nobody = pwd.getpwnam("nobody")
 os.setgroups([]); os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid)

@@ -14,7 +14,7 @@ from fanfs.store.schema import BLOB_COLUMNS, ENTRY_COLUMNS, SHARD_COLUMNS, heade
 
 
 def test_every_path_of_a_large_index_resolves(tmp_path):
-    """300k entries, path hashes on both sides of 2**63 (the lookup's speed is measured by tools/bench_index.py)."""
+    """300k entries, path hashes on both sides of 2**63 (the lookup's speed is measured by tools/bench/bench_index.py)."""
     dirs, per_dir = 300, 1000
     paths = [b""] + [b"d%05d" % d for d in range(dirs)]
     paths += [b"d%05d/f%06d.JPEG" % (d, i) for d in range(dirs) for i in range(per_dir)]
@@ -45,7 +45,7 @@ def test_every_path_of_a_large_index_resolves(tmp_path):
 
 
 def test_the_index_benchmark_writes_what_pack_writes(tmp_path):
-    """tools/bench_index.py's synthetic stores are written through the packer's schema: the same header keys and
+    """tools/bench/bench_index.py's synthetic stores are written through the packer's schema: the same header keys and
     totals, and they open, validated whole."""
     from bench_index import synthesise
     from fanfs_command import fanfs

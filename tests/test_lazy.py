@@ -27,7 +27,7 @@ from fanfs_command import fanfs, force_unmount, stats_command as stats
 from fanfs.errors import FanfsError
 from fanfs.records import FULL, blob_ranks
 from fanfs.store import Store
-from fanfs.store.localcache import ABSENT, FILLING, HOLE, KEPT, STATE_NAME, DiskCache, state_file_bytes
+from fanfs.cache.localcache import ABSENT, FILLING, HOLE, KEPT, STATE_NAME, DiskCache, state_file_bytes
 
 
 @pytest.fixture(scope="module")

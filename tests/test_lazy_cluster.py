@@ -24,10 +24,10 @@ from test_cluster import MPIEXEC, NODES, Job
 from test_fsspec_node import NodeJob
 from test_lazy import disk_bytes, photos, read, states  # noqa: F401  (photos: a fixture)
 
-from fanfs.cluster.placement import place
+from fanfs.peers.placement import place
 from fanfs.records import FULL
 from fanfs.store import Store
-from fanfs.store.localcache import FILLING, KEPT, state_file_bytes
+from fanfs.cache.localcache import FILLING, KEPT, state_file_bytes
 
 pytestmark = [pytest.mark.slow,  # mpiexec jobs of 3 nodes
               pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip mpich's mpiexec (tools/setup --test)")]

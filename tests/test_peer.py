@@ -22,12 +22,12 @@ import pytest
 import xxhash
 from fanfs_command import fanfs
 
-from fanfs.cluster import peerserver
-from fanfs.cluster.peer import PeerClient, listen
-from fanfs.cluster.peerserver import PeerServer
-from fanfs.cluster.peerwire import (BYE, CLIENT_PROOF, HELLO, MAGIC, MAX_RUN, OK, REPLY, REQUEST, SERVER_PROOF,
+from fanfs.peers import peerserver
+from fanfs.peers.peer import PeerClient, listen
+from fanfs.peers.peerserver import PeerServer
+from fanfs.peers.peerwire import (BYE, CLIENT_PROOF, HELLO, MAGIC, MAX_RUN, OK, REPLY, REQUEST, SERVER_PROOF,
                                     NodeKey, ServerHandshake, connect)
-from fanfs.cluster.placement import place
+from fanfs.peers.placement import place
 from fanfs.store import Store
 from fanfs.store.format import SHARD_DIR
 from fanfs.store.sources import HeldShards
@@ -317,10 +317,10 @@ def test_slow_and_idle_connections_cost_no_threads_and_end(served, monkeypatch):
 
 SERVER_SCRIPT = """
 import os, resource, sys
-from fanfs.cluster.peer import listen
-from fanfs.cluster.peerserver import PeerServer
-from fanfs.cluster.peerwire import NodeKey
-from fanfs.cluster.placement import place
+from fanfs.peers.peer import listen
+from fanfs.peers.peerserver import PeerServer
+from fanfs.peers.peerwire import NodeKey
+from fanfs.peers.placement import place
 from fanfs.store import Store
 from fanfs.store.sources import HeldShards
 store_path, limit, client_public = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])

@@ -7,7 +7,7 @@ import io
 import time
 
 from fanfs.util import progress
-from fanfs.cluster.world import local_ranks
+from fanfs.peers.world import local_ranks
 from fanfs.util.progress import Progress, human_duration
 
 

@@ -183,7 +183,7 @@ def test_auto_fidelity_is_one_k_for_the_whole_job(slurm, tmp_path):
 def test_srun_pmi2_start_up_uses_a_card_that_fits_slurms_pmi1_reader(slurm):
     """Slurm 22.05 reads a PMI-1 line in one read() of 1024 bytes; MPICH's UCX business card can overflow
     it (a sporadic start-up abort under load), so fanfs starts MPICH's MPI on OFI under srun --mpi=pmi2."""
-    probe = ("import os; from fanfs.cluster.world import World; w = World.detect(); "
+    probe = ("import os; from fanfs.peers.world import World; w = World.detect(); "
              "print(w.rank, w.size, os.environ.get('MPIR_CVAR_CH4_NETMOD'), w.allgather(w.rank)); w.finalize()")
     for _ in range(3):
         done = slurm.run("srun", f"-N{NODES}", f"-n{NODES}", "--mpi=pmi2", sys.executable, "-c", probe, timeout=120)
@@ -192,7 +192,7 @@ def test_srun_pmi2_start_up_uses_a_card_that_fits_slurms_pmi1_reader(slurm):
 
 
 def test_the_user_s_netmod_and_other_launchers_are_left_alone(monkeypatch):
-    from fanfs.cluster.world import _short_business_card
+    from fanfs.peers.world import _short_business_card
     both = "MPICH Version:      5.0.2\nMPICH Device:       ch4:ucx ofi\n"
     for env, library, expected in [({"SLURM_MPI_TYPE": "pmi2"}, both, "ofi"),
                                    ({"SLURM_MPI_TYPE": "pmi2", "MPIR_CVAR_CH4_NETMOD": "ucx"}, both, "ucx"),

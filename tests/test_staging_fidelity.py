@@ -18,8 +18,8 @@ import pytest
 from fanfs_command import fanfs, force_unmount
 from test_cluster import NODES, Job, finish, mpiexec
 
-from fanfs.cluster.placement import place
-from fanfs.cluster.stage import STAGED_NAME
+from fanfs.peers.placement import place
+from fanfs.cache.stage import STAGED_NAME
 from fanfs.records import FULL, Presentation, blobs_read
 from fanfs.store import Store
 

@@ -39,7 +39,7 @@ CLASSES, PER_CLASS, CROP = 4, 12, 32
 
 
 def photos(root: Path) -> PhotoFolder:
-    """What a user writes (tools/photo_folder.py), at this test's crop."""
+    """What a user writes (tools/support/photo_folder.py), at this test's crop."""
     return PhotoFolder(root, CROP)
 
 

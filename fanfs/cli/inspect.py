@@ -58,7 +58,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                           "capacity_gain": round(full / read, 3) if read else None}
     placement = None
     if args.nodes:
-        from ..cluster.placement import format_placement, place
+        from ..peers.placement import format_placement, place
         placement = place(store.index.blob_stored, args.nodes, args.replicas)
         info["placement"] = {"nodes": placement.nodes, "replicas": placement.replicas,
                              "node_bytes": placement.node_bytes.tolist(), "node_blobs": placement.node_blobs.tolist()}
@@ -69,8 +69,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.capacity is not None:
         import dataclasses
 
-        from ..cluster.capacity import CapacityFigures, plan_cache
-        from ..cluster.placement import place
+        from ..cache.capacity import CapacityFigures, plan_cache
+        from ..peers.placement import place
         plan = plan_cache(store.index, placement or place(store.index.blob_stored, 1, 1), presentation, args.capacity)
         figures = CapacityFigures.of(plan, store.index.blob_stored, blobs_read(store.index, presentation))
         info["capacity"] = dataclasses.asdict(figures)

@@ -20,7 +20,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     from ..codecs import parse_codec
     from ..pack.pack import PackOptions, pack
     from ..records import pack_kinds
-    from ..cluster.world import launched_ranks, local_ranks
+    from ..peers.world import launched_ranks, local_ranks
     from ..util.server import keep_large_buffers
     from ..util.privacy import narrow_umask, shared_read_bits
     keep_large_buffers()  # shards of members' bytes, and their copies, reuse heap pages (workers inherit it)

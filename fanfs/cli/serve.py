@@ -19,7 +19,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from ..cluster.world import expand
+    from ..peers.world import expand
     from ..records import unresolved
     from ..serve.daemon import MountOptions
     args.store, args.mountpoint = expand(args.store), expand(args.mountpoint)
@@ -53,8 +53,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     from ..cluster.node import job_presentation
-    from ..cluster.stage import stage
-    from ..cluster.world import AgreedError, World, expand, load_index
+    from ..cache.stage import stage
+    from ..peers.world import AgreedError, World, expand, load_index
     from ..records import check_presentation
     world = World.detect()
     try:

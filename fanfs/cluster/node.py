@@ -5,7 +5,7 @@ MPI is never used.  Under mpiexec/srun (one rank per node) the rank first forks 
 (:mod:`.handoff`, :mod:`.serving`), then runs the job's collective start over MPI: every rank checks
 its mount point and store and all agree (a failure anywhere is the same one-line error everywhere),
 rank 0 reads the index and broadcasts it, ``auto`` settings are resolved once, the blobs are staged if
-asked, every daemon's peer address and public key are gathered (:mod:`.peerwire`).  The daemons then
+asked, every daemon's peer address and public key are gathered (:mod:`fanfs.peers.peerwire`).  The daemons then
 serve each other over TCP, independent processes: one node's death (kill -9, OOM) or stop takes
 nothing else down, and the launcher, told not to clean up (``mpiexec -disable-auto-cleanup``;
 ``srun``'s default), lets the survivors serve on.  MPI is finalised right after the job's last collective
@@ -34,13 +34,13 @@ from ..store.index import Index
 from ..util.mounts import mounted, unmount
 from ..util.runtime import private_dir
 from .handoff import Handoff
-from .lazy import LazyShare, lazy_stats
+from ..cache.lazy import LazyShare, lazy_stats
 from .nodeview import node_dir, node_store, withdraw
-from .prefetch import follow_orders
-from .placement import Placement, place
+from ..cache.prefetch import follow_orders
+from ..peers.placement import Placement, place
 from .serving import NodeOptions, Plan, daemon_main
-from .stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
-from .world import AgreedError, World, launched_ranks, load_index
+from ..cache.stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
+from ..peers.world import AgreedError, World, launched_ranks, load_index
 
 log = logging.getLogger("fanfs")
 

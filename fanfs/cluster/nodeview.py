@@ -7,7 +7,7 @@ A node that serves without a mount (``fanfs mount --no-mount``; ``FANFS_MOUNT=0`
 publishes in its *node directory* what a reader needs to build the same store: ``NODE_FILE`` (the
 store, this node's rank, the placement's shape, the staged layers, every peer's address and public
 key, the daemon's pid) and ``KEY_FILE``, the daemon's private key, with which the reader speaks to the
-peers as this node through the same authenticated client (:mod:`.peer`).  The directory is private
+peers as this node through the same authenticated client (:mod:`fanfs.peers.peer`).  The directory is private
 (0700: this user's, closed to everyone else, :func:`fanfs.util.runtime.private_dir`, which the reader
 checks too, so another user's reader is refused with one line before anything is opened; the kernel
 would refuse it the files anyway).  No secret is ever in the environment.
@@ -28,11 +28,11 @@ from ..store.index import Index
 from ..util.files import read_regular
 from ..util.runtime import create_private, private_dir
 from ..util.workers import pid_alive
-from .lazy import FirstHolderFirst, cached_is_local, lazy_share
-from .peer import PeerClient, RemoteBlobs, StagedBlobs, remote_sources
-from .peerwire import NodeKey
-from .placement import Placement, place
-from .stage import StagedShare, staged_share
+from ..cache.lazy import FirstHolderFirst, cached_is_local, lazy_share
+from ..peers.peer import PeerClient, RemoteBlobs, StagedBlobs, remote_sources
+from ..peers.peerwire import NodeKey
+from ..peers.placement import Placement, place
+from ..cache.stage import StagedShare, staged_share
 
 NODE_FILE = "fanfs-node.json"
 KEY_FILE = "fanfs-node.key"
@@ -56,7 +56,7 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
                capacity: int | None = None, owner: bool = False) -> NodeStore:
     """Node ``rank``'s store: the blobs placement gives it from ``local_dir`` (staged at ``staged``), the others from
     their holders through ``client`` (None: a node alone), layers no node staged from the shared store.  ``lazy``:
-    ``local_dir`` is a cache the node fills as it reads, within ``capacity`` (:mod:`.lazy`; ``staged`` is the
+    ``local_dir`` is a cache the node fills as it reads, within ``capacity`` (:mod:`fanfs.cache.lazy`; ``staged`` is the
     presentation whose blobs it keeps first, every blob not kept is read through); ``owner``: built by the node's
     serving daemon, not by an in-process reader."""
     placement = place(index.blob_stored, nodes, replicas)

@@ -28,7 +28,7 @@ from ..pack.janitor import Janitor
 from ..pack.pack import PackOptions, PackReport, pack
 from ..pack.runner import LocalRunner, ShardRunner, local_runner
 from ..pack.shards import NoSpace, PackError, ShardJob, ShardResult
-from .world import World, mpi_segments_held
+from ..peers.world import World, mpi_segments_held
 
 JOB, RESULT, FAILED, ALIVE, STOP = 11, 12, 13, 14, 15
 SILENT_FOR = 120.0

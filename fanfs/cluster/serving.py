@@ -31,12 +31,12 @@ from ..util.mounts import unmount
 from ..util.server import configure_server
 from . import handoff
 from .nodeview import NodeStore, node_store, publish, withdraw
-from .peer import PeerClient, listen, peer_host
-from .peerserver import PeerServer
-from .peerwire import NodeKey
-from .lazy import LazyShare, lazy_stats
-from .prefetch import follow_orders
-from .stage import staged_stats
+from ..peers.peer import PeerClient, listen, peer_host
+from ..peers.peerserver import PeerServer
+from ..peers.peerwire import NodeKey
+from ..cache.lazy import LazyShare, lazy_stats
+from ..cache.prefetch import follow_orders
+from ..cache.stage import staged_stats
 
 log = logging.getLogger("fanfs")
 

@@ -1,6 +1,6 @@
 """The index schema, written down once: its columns and their types, and the header a writer writes.
 
-The packer (and ``tools/bench_index.py``'s synthetic stores) make their columns with :func:`new_columns`
+The packer (and ``tools/bench/bench_index.py``'s synthetic stores) make their columns with :func:`new_columns`
 and their header with :func:`header`; the reader checks a file's columns with :func:`check_schema`
 (:class:`fanfs.store.index.Index`) and the validator its header's totals against :data:`TOTALS`
 (:mod:`.validate`).  What a column means is in :mod:`.index`.

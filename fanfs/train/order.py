@@ -5,7 +5,7 @@ a ``DataLoader`` would use (``DistributedSampler`` for a job of several ranks; b
 whole dataset) and, as each epoch begins, gives the mount the paths of that epoch and, where the sampler can say it
 (``set_epoch``), of the next, through the mount's control socket (``fanfs ctl --order`` takes the same file).  The
 node then fetches the blobs of the next files from its peers or the shared store before the loader's workers open
-them (:mod:`fanfs.cluster.prefetch`).  The indices it yields are the wrapped sampler's, unchanged; if the mount
+them (:mod:`fanfs.cache.prefetch`).  The indices it yields are the wrapped sampler's, unchanged; if the mount
 cannot take the order (not a lazily staged mount, or gone), training goes on, with one warning.
 """
 

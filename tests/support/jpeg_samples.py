@@ -1,6 +1,6 @@
 """Build a small set of real-photo JPEG samples for the JPEG and quality tests.
 
-The originals are photos shipped by installed packages (tools/photo_samples.py); the variants are re-encoded from real
+The originals are photos shipped by installed packages (tools/support/photo_samples.py); the variants are re-encoded from real
 photo pixels so that each one exercises one code path (subsampling, markers, restarts, CMYK,
 broken files). A missing package just means fewer samples.
 """

@@ -1,6 +1,6 @@
 """The dataset a user writes for photos in class folders (PIL decode, a random crop, a float tensor).
 
-Shared by the training tests and ``tools/bench_train.py``, so both read a mount the way unmodified
+Shared by the training tests and ``tools/bench/bench_train.py``, so both read a mount the way unmodified
 training code does.  Imports torch: only for the tests and tools that have it.
 """
 

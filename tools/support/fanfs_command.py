@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FANFS = [sys.executable, "-m", "fanfs"]
 
 if sys.path[:1] != [str(REPO)]:

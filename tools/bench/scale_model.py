@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """fanfs at 16 ... 1,024 nodes, on paper: a model of start-up, index broadcast, staging and remote-read
-traffic, its constants measured on emulated clusters of 2, 4 and 8 nodes (``tools/emucluster.py``).
+traffic, its constants measured on emulated clusters of 2, 4 and 8 nodes (``tools/emulated/emucluster.py``).
 
 Per emulated size N: the launch of one rank per node to MPI ready (Hydra, proxies entering the
 namespaces), the store's index read by rank 0 from the shared file system (sshfs) and broadcast, a
@@ -22,13 +22,13 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from bench_cluster import make_tree
+from clusterjob import make_tree
 from bench_emulated import stage
 from emucluster import emulated_cluster, rate_bits
 
 RANK_PROGRAM = """
 import json, sys, time
-from fanfs.cluster.world import World, expand, load_index
+from fanfs.peers.world import World, expand, load_index
 world = World.detect()
 world.comm.Barrier()
 ready = time.time()

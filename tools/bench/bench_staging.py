@@ -54,7 +54,7 @@ def stage_at(store: Path, base: Path, ranks: int, k: str, cold: bool) -> dict[st
 
 def read_at(store: Path, base: Path, rels: list[str], k: str) -> float:
     """files/s of every file read at K by 4 processes from a fresh one-node mount staged at K."""
-    from bench_cluster import read_pass
+    from clusterjob import read_pass
     local, mnt = base / "local-one", base / "mnt"
     shutil.rmtree(local, ignore_errors=True)
     mnt.mkdir(exist_ok=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Figures for issue 4 (compressor selection): plans at three rates on a mixed tree of real files.
 
-    .venv/bin/python tools/bench_select.py [--workdir DIR] [--rates 20MB/s,300MB/s,1500MB/s] [--threads 1]
+    .venv/bin/python tools/bench/bench_select.py [--workdir DIR] [--rates 20MB/s,300MB/s,1500MB/s] [--threads 1]
 
 The tree: Python sources (stdlib + numpy, real text, small files), real photos (the JPEGs and PNGs that
 sklearn / scikit-image / matplotlib ship, plus crops of them re-encoded as JPEG quality 90) and float
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fanfs.pack.select import Demand, format_report, make_plan, parse_rate, plot, select  # noqa: E402

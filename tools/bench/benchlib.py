@@ -1,7 +1,7 @@
 """Shared pieces of the fanfs benchmarks: temp dirs, mounts that always go away, sample data, tables.
 
 Every mount made here is unmounted however the benchmark ends (``fanfs umount``, then a lazy unmount,
-then SIGKILL of its daemon: tools/fanfs_command.py), and every temp dir is removed.
+then SIGKILL of its daemon: tools/support/fanfs_command.py), and every temp dir is removed.
 """
 
 from __future__ import annotations
@@ -22,9 +22,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+TOOLS = Path(__file__).resolve().parent.parent
+for _folder in ("emulated", "support"):  # the emulated cluster; the fanfs command and sample data (the tests' too)
+    if str(TOOLS / _folder) not in sys.path:
+        sys.path.insert(1, str(TOOLS / _folder))
 
-from fanfs_command import FANFS, REPO, fanfs, force_unmount, mounted  # noqa: F401  (bl.FANFS, bl.fanfs)
-from photo_samples import make_jpegs, photo_paths  # noqa: F401  (bl.make_jpegs)
+from fanfs_command import FANFS, REPO, fanfs, force_unmount, mounted  # noqa: E402, F401  (bl.FANFS, bl.fanfs)
+from photo_samples import make_jpegs, photo_paths  # noqa: E402, F401  (bl.make_jpegs)
 
 from fanfs.util.mounts import unmount
 

@@ -16,7 +16,7 @@ Real-photo JPEGs of about 110 KB (and a small tree of ~28 KB ones) packed with f
 
 ``--reads``: only the reads (no spread, no stopped or dead peer).
 ``--emulate``: fanfs against a shared file system on an emulated cluster instead (nodes in network
-namespaces, shaped links, sshfs): ``tools/bench_emulated.py``, whose options follow ``--emulate``.
+namespaces, shaped links, sshfs): ``tools/bench/bench_emulated.py``, whose options follow ``--emulate``.
 """
 
 from __future__ import annotations
@@ -26,43 +26,15 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import benchlib as bl
 import numpy as np
-
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
-READERS = 4
-
-
-def _read(path: str) -> int:
-    try:
-        with open(path, "rb") as f:
-            return len(f.read())
-    except OSError:
-        return -1
-
-
-def mpi_fanfs(ranks: int, *args: str | os.PathLike, launcher: list[str] | None = None) -> list[str]:
-    """``fanfs ARGS`` on ``ranks`` ranks (``launcher``: another mpiexec command line, the emulated cluster's)."""
-    return [*(launcher or [MPIEXEC, "-disable-auto-cleanup", "-n", str(ranks)]), *bl.FANFS, *map(str, args)]
-
-
-def make_tree(src: Path, files: int, size: int) -> list[str]:
-    for i, data in enumerate(bl.make_jpegs(files, size)):
-        (src / f"c{i % 20:02d}").mkdir(parents=True, exist_ok=True)
-        (src / f"c{i % 20:02d}" / f"{i:05d}.jpg").write_bytes(data)
-    rels = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg"))
-    np.random.default_rng(0).shuffle(rels)
-    return rels
+from clusterjob import READERS, job, make_tree, mpi_fanfs, pool_pass, read_pass, read_size
 
 
 def stage(store: Path, base: Path, ranks: int, replicas: int = 1) -> dict[str, Any]:
@@ -82,72 +54,6 @@ def cp_rate(store: Path, dst: Path) -> float:
     seconds = time.perf_counter() - started
     shutil.rmtree(dst)
     return sum(p.stat().st_size for p in (store / "shards").iterdir()) / seconds / 1e6
-
-
-@contextmanager
-def job(store: Path | str, base: Path, ranks: int, replicas: int, *options: str, launcher: list[str] | None = None,
-        mnt: str = "mnt{rank}", local: str = "local{rank}") -> Iterator[list[Path]]:
-    """A mount job (staging first), unmounted and ended however the block ends; ``options`` go to ``mount``
-    (default ``--stage``), ``mnt`` and ``local`` are paths under ``base`` with ``{rank}``.  With
-    ``--no-mount`` in ``options`` the nodes mount nothing: ``mnt`` are their node directories."""
-    from fanfs.cluster.nodeview import NODE_FILE, serving
-    mounts = [base / mnt.format(rank=rank) for rank in range(ranks)]
-    serve_only = "--no-mount" in options
-    for mountpoint in mounts if not serve_only else ():  # a node directory is made private by its node
-        mountpoint.mkdir(exist_ok=True)
-    log = open(base / "job.log", "w")
-    proc = subprocess.Popen(mpi_fanfs(ranks, "mount", store, base / mnt, "--local-dir", base / local, "--replicas",
-                                      str(replicas), "--peer-timeout", "2", "--foreground", *(options or ["--stage"]),
-                                      launcher=launcher),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        for mountpoint in mounts:
-            if serve_only:
-                deadline = time.monotonic() + 120
-                while not serving(str(mountpoint)):
-                    assert proc.poll() is None and time.monotonic() < deadline, "the nodes did not serve"
-                    time.sleep(0.1)
-            else:
-                bl.run([*bl.FANFS, "wait", mountpoint, "--timeout", "120"], timeout=150)
-        yield mounts
-    finally:
-        for mountpoint in mounts:
-            if serve_only and serving(str(mountpoint)):  # one node's end ends the job (BYE)
-                os.kill(json.loads((mountpoint / NODE_FILE).read_text())["pid"], signal.SIGTERM)
-                break
-            if os.path.ismount(mountpoint):
-                subprocess.run([*bl.FANFS, "umount", mountpoint], capture_output=True, timeout=60)
-                break
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for mountpoint in mounts:
-            bl.force_unmount(mountpoint)
-        log.close()
-        if "--stage" in (options or ["--stage"]):  # what it staged itself
-            for rank in range(ranks):
-                shutil.rmtree(base / local.format(rank=rank), ignore_errors=True)
-
-
-def read_pass(mnt: Path, rels: list[str], readers: int = READERS) -> float:
-    """files/s of every file read once by ``readers`` processes."""
-    return pool_pass(_read, [str(mnt / rel) for rel in rels], readers)
-
-
-def pool_pass(read: Callable[[str], int], items: list[str], readers: int, initializer: Callable[..., None] | None = None,
-              initargs: tuple = ()) -> float:
-    """files/s of ``read`` over every item by ``readers`` processes, timed once every process has started and
-    run ``initializer`` (as a loader's workers have before its first batch)."""
-    with ProcessPoolExecutor(readers, initializer=initializer, initargs=initargs) as pool:
-        list(pool.map(time.sleep, [0.05] * readers))
-        started = time.perf_counter()
-        sizes = list(pool.map(read, items, chunksize=8))
-        seconds = time.perf_counter() - started
-    assert min(sizes) >= 0, "a read failed"
-    return len(items) / seconds
 
 
 _node_fs: Any = None
@@ -172,7 +78,7 @@ def in_process_pass(directory: Path, rels: list[str], readers: int = READERS) ->
 
 def holders(store: Path, rels: list[str], ranks: int, replicas: int) -> dict[str, set[int]]:
     """The nodes holding every blob of each file."""
-    from fanfs.cluster.placement import place
+    from fanfs.peers.placement import place
     from fanfs.store.index import Index
     index = Index(str(store / "index"))
     placement = place(index.blob_stored, ranks, replicas)
@@ -268,9 +174,9 @@ def main() -> int:
             probe = via_2[200:220]
             os.kill(victim, signal.SIGKILL)
             died = time.perf_counter()
-            size = _read(str(mounts[0] / probe[0]))
+            size = read_size(str(mounts[0] / probe[0]))
             first = time.perf_counter() - died
-            rest = [(time.perf_counter(), _read(str(mounts[0] / r))) for r in probe[1:]]
+            rest = [(time.perf_counter(), read_size(str(mounts[0] / r))) for r in probe[1:]]
             assert size > 0 and all(s > 0 for _, s in rest)
         print(f"\ndead peer: kill -9 of rank 2's daemon -> rank 0 read a file rank 2 held first in {first * 1e3:.1f} ms "
               f"(served by the replica); {len(probe)} such files, none failed")

@@ -4,13 +4,13 @@ The node is told the order (``fanfs ctl --order FILE``, or :class:`fanfs.train.O
 itself): one *stream* of files per reader that tells it, epochs one after another.  A few threads then fetch the
 blobs of the next files of every stream that are not in the node's cache, at the presentation shown now: those the
 node keeps from the shared store into the cache, for good; the others from a holder that keeps them (a peer) or
-else from the shared store, into the cache's *window* (:func:`fanfs.cluster.capacity.window_bytes`) as blobs
+else from the shared store, into the cache's *window* (:func:`fanfs.cache.capacity.window_bytes`) as blobs
 fetched ahead.  So the readers find what they open local, and the network and the shared store work while they
 compute.  Without an order nothing of this runs.
 
 How far ahead: at most :data:`AHEAD_FILES` files whose fetches were issued and which no reader has read since,
 and the window's bytes.  The readers' progress is seen in the tick each read leaves on its blob (a shared array the
-node's cache source writes, :class:`fanfs.store.localcache.CachedShards`).  A file read before its fetch was issued
+node's cache source writes, :class:`fanfs.cache.localcache.CachedShards`).  A file read before its fetch was issued
 means the readers are ahead: the prefetcher skips forward.  Files no reader read while later ones were (an order not
 quite followed) are given up after :data:`SLACK` positions.  A blob fetched ahead is never dropped before it is read
 or given up (a read is waiting for it); then it is the first to go when the window needs room.
@@ -31,10 +31,10 @@ import numpy as np
 from ..errors import FanfsError, NotHeld
 from ..records import Presentation
 from ..store import Store
-from ..store.localcache import AHEAD, KEPT, SPENT, TICKS_PER_SECOND, tick
+from .localcache import AHEAD, KEPT, SPENT, TICKS_PER_SECOND, tick
 from .lazy import LazyShare, view_blobs
 from .order import order_command
-from .peer import RemoteBlobs
+from ..peers.peer import RemoteBlobs
 
 log = logging.getLogger("fanfs")
 

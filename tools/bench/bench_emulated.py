@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""fanfs against the shared file system on an emulated cluster (``tools/bench_cluster.py --emulate``).
+"""fanfs against the shared file system on an emulated cluster (``tools/bench/bench_cluster.py --emulate``).
 
 N nodes in network namespaces on shaped links, the dataset on a real network file system (sshfs from
-an sshd in a storage namespace behind one shaped link that every node shares; ``tools/emucluster.py``).
+an sshd in a storage namespace behind one shaped link that every node shares; ``tools/emulated/emucluster.py``).
 Every node runs a training-style reader over its own 1/N of a shuffled epoch (``--readers`` processes
 per node, all nodes at once): open, read and decode with Pillow (``convert('RGB')``); the "read" rows
 leave out the decode (what the network and the file systems deliver).  Variants, each on fresh mounts:
@@ -37,7 +37,7 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from bench_cluster import job, make_tree, mpi_fanfs
+from clusterjob import job, make_tree, mpi_fanfs
 from bench_lazy import BATCH, capacity_rows, lazy_rows, print_capacity, print_lazy
 from emucluster import Cluster, emulated_cluster, rate_bits
 
@@ -264,7 +264,7 @@ def scaled(export: Path, rels: list[str], times: int) -> list[str]:
 
 
 def cache_point(cluster: Cluster, export: Path, rels: list[str], larger: list[str], args: argparse.Namespace) -> dict:
-    """The cache rows (tools/bench_lazy.py), both readers, at ``--cache-link``."""
+    """The cache rows (tools/bench/bench_lazy.py), both readers, at ``--cache-link``."""
     if args.cache_link:
         cluster.shape(storage_link=args.cache_link)
     point: dict[str, Any] = {"links": cluster.settings()}
@@ -300,7 +300,7 @@ def main() -> int:
     parser.add_argument("--plot", metavar="PNG", help="images/s and staging time against the storage link's rate")
     parser.add_argument("--replot", metavar="JSON", help="only draw --plot from an earlier run's --json")
     parser.add_argument("--rows", choices=("all", "main", "cache"), default="all", help="main: the rows above; cache: "
-                        "only lazy staging and capacity (tools/bench_lazy.py); default all")
+                        "only lazy staging and capacity (tools/bench/bench_lazy.py); default all")
     parser.add_argument("--batch", type=int, default=BATCH, help="cache rows: a node's first batch, files (default 64)")
     parser.add_argument("--scale", type=int, default=4, help="cache rows: the larger store is the images this many "
                         "times (default 4)")

@@ -21,7 +21,7 @@ openssh-client, sshfs and fuse3 (``tools/setup --test`` installs them).  Stdlib 
 Nothing is left behind: names carry the owner's pid (namespaces ``fanfs-PID-SEQ-*``, links
 ``fzPID-SEQ*``), teardown removes every mount, process, namespace, link and directory however the
 block ends (an exception, Ctrl-C, SIGTERM), and bringing a cluster up first sweeps what owners that
-are no longer alive left (``python tools/emucluster.py down`` does only that).  Traffic goes only to
+are no longer alive left (``python tools/emulated/emucluster.py down`` does only that).  Traffic goes only to
 the namespaces made here: nodes have no default route and the host does not forward.
 """
 

@@ -16,7 +16,7 @@ fanfs >= squashfuse on every row, fanfs's second pass >= 50% of native, in-proce
 and >= 3x the mount's first pass with N processes.  ``--serving 1,2`` mounts fanfs with one serving loop
 ("fanfs") and with 2 serving processes ("fanfs x2"); the daemons' CPU per file (every process of the
 daemon, user + system) is reported for fanfs and squashfuse alike.  ``--sets large`` (or ``small,large``)
-reads large files instead (HDF5 of 1 MiB, ``.npz`` of 30 and 150 MB, on a disk: tools/bench_large.py).
+reads large files instead (HDF5 of 1 MiB, ``.npz`` of 30 and 150 MB, on a disk: tools/bench/bench_large.py).
 """
 
 from __future__ import annotations

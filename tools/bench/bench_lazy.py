@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A cache, not only a copy, on the emulated cluster: rows of ``tools/bench_cluster.py --emulate`` (issue 30).
+"""A cache, not only a copy, on the emulated cluster: rows of ``tools/bench/bench_cluster.py --emulate`` (issue 30).
 
 * **lazy against full staging**: from the job's launch (``mpiexec fanfs mount ... --stage`` or ``--stage lazy``),
   when every node has read its first batch (``--batch`` files per node; its readers start with the launch and
@@ -27,7 +27,7 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from bench_cluster import mpi_fanfs
+from clusterjob import mpi_fanfs
 from emucluster import Cluster
 
 BATCH = 64
@@ -170,9 +170,9 @@ def lazy_rows(cluster: Cluster, stores: dict[str, tuple[str, list[str]]], args: 
 def capacity_rows(cluster: Cluster, store: Path, images: str, rels: list[str], args: Any, repeat: int) -> dict[str, Any]:
     """A store twice the nodes' capacity: the cache with and without the order against reading directly.  ``store``:
     the store in the export (the nodes see it as ``shared/NAME``), ``images``: the tree's name there."""
-    from fanfs.cluster.placement import place
+    from fanfs.peers.placement import place
     from fanfs.store.index import Index
-    from fanfs.store.localcache import state_file_bytes
+    from fanfs.cache.localcache import state_file_bytes
     nodes = len(cluster.nodes)
     index = Index(str(store / "index"))
     share = int(place(index.blob_stored, nodes, 1).node_bytes.max())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 13 figures: what fidelity does for a real PyTorch training loader, and what choosing it costs.
 
-N real-photo JPEGs (``tools/photo_samples.py``) in 10 classes, read as a new user would: a hand-written
+N real-photo JPEGs (``tools/support/photo_samples.py``) in 10 classes, read as a new user would: a hand-written
 ImageFolder (PIL open + convert('RGB'), a random 64x64 crop, to tensor) through
 ``DataLoader(num_workers=4, batch_size=64, shuffle=True)``, one epoch, no model.  Images/s of that first
 epoch and MB read from storage, for the native originals, a mount of a plain store, and a mount of a

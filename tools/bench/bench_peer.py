@@ -26,8 +26,8 @@ import sys
 import time
 
 import benchlib as bl
-from fanfs.cluster.peer import PeerClient
-from fanfs.cluster.peerwire import NodeKey, connect
+from fanfs.peers.peer import PeerClient
+from fanfs.peers.peerwire import NodeKey, connect
 from fanfs.store import Store
 from fanfs.util.server import configure_server
 from fanfs.util.sockets import recv_exactly
@@ -36,7 +36,7 @@ REQUEST, REPLY = struct.Struct("<BQ"), struct.Struct("<BI")
 
 SERVER = r"""
 import os, socket, struct, sys, threading
-from fanfs.cluster.peer import listen
+from fanfs.peers.peer import listen
 kind, store_path, client_public = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
 listener = listen("127.0.0.1")
 if kind == "plain":
@@ -60,9 +60,9 @@ if kind == "plain":
     threading.Thread(target=accept, daemon=True).start()
     public = b""
 else:
-    from fanfs.cluster.peerserver import PeerServer
-    from fanfs.cluster.peerwire import NodeKey
-    from fanfs.cluster.placement import place
+    from fanfs.peers.peerserver import PeerServer
+    from fanfs.peers.peerwire import NodeKey
+    from fanfs.peers.placement import place
     from fanfs.store import Store
     from fanfs.store.sources import HeldShards
     store = Store(store_path)

@@ -36,8 +36,8 @@ from ..util.files import open_regular
 from ..util.progress import Progress
 from ..util.runtime import private_dir
 from ..util.units import human_rate, human_size
-from .placement import Placement, place
-from .world import World
+from ..peers.placement import Placement, place
+from ..peers.world import World
 
 STAGED_NAME = ".staged"  # in a staged directory: the store and the presentation it holds
 PROGRESS_SECONDS = 0.25

@@ -1,4 +1,4 @@
-"""The host's side of emulated clusters (``tools/emucluster.py``): commands, link rates and shaping, free
+"""The host's side of emulated clusters (``tools/emulated/emucluster.py``): commands, link rates and shaping, free
 subnets, SIGTERM as Ctrl-C, and what clusters leave on this machine, found and removed.
 
 Every name an emulated cluster makes carries its owner's pid (namespaces ``fanfs-PID-SEQ-*``, links

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import FanfsError, NotHeld
 from ..util.checksum import checksum
-from .sources import ShardSource, reopen
+from ..store.sources import ShardSource, reopen
 
 log = logging.getLogger("fanfs")
 

@@ -6,7 +6,7 @@ to a member of its job and believes only a member's answers.  What makes a membe
 * **Keys.**  Every serving daemon makes a fresh X25519 key pair for the job and the job's start-up
   gathers the public halves (MPI's allgather); the private half never crosses any wire, the launcher's
   own included: it leaves the daemon only for a file of the node's private directory, where in-process
-  readers of the same user on the node find it (:mod:`.nodeview`).  Two nodes share ``X25519(mine, theirs)``.
+  readers of the same user on the node find it (:mod:`fanfs.cluster.nodeview`).  Two nodes share ``X25519(mine, theirs)``.
 * **Handshake** (a round trip and a half, under one deadline)::
 
       client -> server   HELLO: magic, store id, client rank, server rank, client nonce
@@ -67,7 +67,7 @@ class NodeKey:
 
     def __init__(self, private: bytes | None = None) -> None:
         """A fresh key, or the one ``private`` (:attr:`private`) holds: an in-process reader on the node, which
-        reads it from the node's private directory (:mod:`.nodeview`), speaks as this node."""
+        reads it from the node's private directory (:mod:`fanfs.cluster.nodeview`), speaks as this node."""
         self._private = X25519PrivateKey.from_private_bytes(private) if private else X25519PrivateKey.generate()
         self.public = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         self._pairs: dict[bytes, bytes] = {}

@@ -2,12 +2,12 @@
 
 Nothing is copied before the mount serves.  A node's first read of a blob it keeps (:mod:`.capacity`: those
 placement gives it, within its ``--capacity``) copies the blob from the shared store into the node's cache
-(:class:`fanfs.store.localcache.DiskCache`), checked; later reads are local, and a peer that asks for such a blob
+(:class:`fanfs.cache.localcache.DiskCache`), checked; later reads are local, and a peer that asks for such a blob
 before the node has read it gets it fetched then; another holder copies it from the first (:class:`FirstHolderFirst`).
 So the shared file system is read once per kept blob per job, replicas or not, and nobody waits for a copy of the
 whole dataset.  A blob no node keeps is read through from the
 shared store each time; the cache stays within the capacity.  A crash or a second mount resumes from what the
-cache holds (:meth:`~fanfs.store.localcache.DiskCache.recover`).
+cache holds (:meth:`~fanfs.cache.localcache.DiskCache.recover`).
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from ..records import Presentation
 from ..store import Store
 from ..store.format import SHARD_DIR
 from ..store.index import Index
-from ..store.localcache import AHEAD, KEPT, SPENT, CachedShards, DiskCache
+from .localcache import AHEAD, KEPT, SPENT, CachedShards, DiskCache
 from ..store.sources import HeldShards, ShardSource
 from ..util.checksum import checksum
 from ..util.units import human_size
 from .capacity import CachePlan, plan_cache
-from .placement import Placement
+from ..peers.placement import Placement
 from .stage import StagedShare, make_local_dir
 
 if TYPE_CHECKING:
-    from .peer import PeerClient
+    from ..peers.peer import PeerClient
 
 log = logging.getLogger("fanfs")
 

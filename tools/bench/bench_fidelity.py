@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issues 3 and 13 figures: what a lower fidelity buys, and what each scan-script preset costs.
 
-One run: make N distinct real-photo JPEGs (baseline; by default ``tools/photo_samples.make_photo_set``:
+One run: make N distinct real-photo JPEGs (baseline; by default ``tools/support/photo_samples.make_photo_set``:
 random crops of shipped photos, 250-500 px, qualities 75-95, a seventh grayscale and a fifth 4:4:4;
 ``--size-kb`` for colour 4:2:0 ones of about that size instead), then
 

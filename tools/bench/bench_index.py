@@ -82,7 +82,7 @@ def synthesise(store: Path, files: int, dirs: int, shards: int, seed: int = 0) -
             f.write(shard_header(shard, store_id))
             f.truncate(int(shard_size[shard]))
     total = int(sizes.sum())
-    meta = header(store_id=store_id, source="synthetic ImageNet-like tree (tools/bench_index.py)",
+    meta = header(store_id=store_id, source="synthetic ImageNet-like tree (tools/bench/bench_index.py)",
                   codecs=[Raw().get_config()], codec_stats={"0": {"files": files, "raw": total, "stored": total}},
                   totals={"entries": n_entries, "files": files, "dirs": base, "symlinks": 0, "bytes_in": total,
                           "bytes_presented": total, "bytes_stored": total, "shards": shards})

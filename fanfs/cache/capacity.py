@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..records import Presentation, blob_ranks, blobs_read
-from ..store.localcache import footprints, state_file_bytes
+from .localcache import footprints, state_file_bytes
 from ..util.units import human_size
-from .placement import Placement
+from ..peers.placement import Placement
 
 WINDOW_SHARE = 8  # a capacity's 1/8 is the window for blobs fetched ahead
 WINDOW_MAX = 256 << 20  # and at most this (also the window of a node without a capacity)

@@ -1,0 +1,116 @@
+"""A fanfs job on ranks, for the cluster benchmarks (``bench_cluster``, ``bench_emulated``, ``bench_lazy``,
+``bench_staging``, ``scale_model``): mpiexec command lines (this host's, or the emulated cluster's launcher),
+a tree of JPEGs to pack, a mount job that always ends, and timed read passes.
+
+The benchmarks import this and benchlib, never each other's harness: ``bench_cluster --emulate`` runs
+``bench_emulated``, which uses ``bench_lazy``'s rows, and none of them imports back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import benchlib as bl
+import numpy as np
+
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+READERS = 4
+
+
+def read_size(path: str) -> int:
+    """The bytes of the file at ``path`` read whole, -1 if it could not be read."""
+    try:
+        with open(path, "rb") as f:
+            return len(f.read())
+    except OSError:
+        return -1
+
+
+def mpi_fanfs(ranks: int, *args: str | os.PathLike, launcher: list[str] | None = None) -> list[str]:
+    """``fanfs ARGS`` on ``ranks`` ranks (``launcher``: another mpiexec command line, the emulated cluster's)."""
+    return [*(launcher or [MPIEXEC, "-disable-auto-cleanup", "-n", str(ranks)]), *bl.FANFS, *map(str, args)]
+
+
+def make_tree(src: Path, files: int, size: int) -> list[str]:
+    for i, data in enumerate(bl.make_jpegs(files, size)):
+        (src / f"c{i % 20:02d}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 20:02d}" / f"{i:05d}.jpg").write_bytes(data)
+    rels = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg"))
+    np.random.default_rng(0).shuffle(rels)
+    return rels
+
+
+@contextmanager
+def job(store: Path | str, base: Path, ranks: int, replicas: int, *options: str, launcher: list[str] | None = None,
+        mnt: str = "mnt{rank}", local: str = "local{rank}") -> Iterator[list[Path]]:
+    """A mount job (staging first), unmounted and ended however the block ends; ``options`` go to ``mount``
+    (default ``--stage``), ``mnt`` and ``local`` are paths under ``base`` with ``{rank}``.  With
+    ``--no-mount`` in ``options`` the nodes mount nothing: ``mnt`` are their node directories."""
+    from fanfs.cluster.nodeview import NODE_FILE, serving
+    mounts = [base / mnt.format(rank=rank) for rank in range(ranks)]
+    serve_only = "--no-mount" in options
+    for mountpoint in mounts if not serve_only else ():  # a node directory is made private by its node
+        mountpoint.mkdir(exist_ok=True)
+    log = open(base / "job.log", "w")
+    proc = subprocess.Popen(mpi_fanfs(ranks, "mount", store, base / mnt, "--local-dir", base / local, "--replicas",
+                                      str(replicas), "--peer-timeout", "2", "--foreground", *(options or ["--stage"]),
+                                      launcher=launcher),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for mountpoint in mounts:
+            if serve_only:
+                deadline = time.monotonic() + 120
+                while not serving(str(mountpoint)):
+                    assert proc.poll() is None and time.monotonic() < deadline, "the nodes did not serve"
+                    time.sleep(0.1)
+            else:
+                bl.run([*bl.FANFS, "wait", mountpoint, "--timeout", "120"], timeout=150)
+        yield mounts
+    finally:
+        for mountpoint in mounts:
+            if serve_only and serving(str(mountpoint)):  # one node's end ends the job (BYE)
+                os.kill(json.loads((mountpoint / NODE_FILE).read_text())["pid"], signal.SIGTERM)
+                break
+            if os.path.ismount(mountpoint):
+                subprocess.run([*bl.FANFS, "umount", mountpoint], capture_output=True, timeout=60)
+                break
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for mountpoint in mounts:
+            bl.force_unmount(mountpoint)
+        log.close()
+        if "--stage" in (options or ["--stage"]):  # what it staged itself
+            for rank in range(ranks):
+                shutil.rmtree(base / local.format(rank=rank), ignore_errors=True)
+
+
+def read_pass(mnt: Path, rels: list[str], readers: int = READERS) -> float:
+    """files/s of every file read once by ``readers`` processes."""
+    return pool_pass(read_size, [str(mnt / rel) for rel in rels], readers)
+
+
+def pool_pass(read: Callable[[str], int], items: list[str], readers: int, initializer: Callable[..., None] | None = None,
+              initargs: tuple = ()) -> float:
+    """files/s of ``read`` over every item by ``readers`` processes, timed once every process has started and
+    run ``initializer`` (as a loader's workers have before its first batch)."""
+    with ProcessPoolExecutor(readers, initializer=initializer, initargs=initargs) as pool:
+        list(pool.map(time.sleep, [0.05] * readers))
+        started = time.perf_counter()
+        sizes = list(pool.map(read, items, chunksize=8))
+        seconds = time.perf_counter() - started
+    assert min(sizes) >= 0, "a read failed"
+    return len(items) / seconds
