@@ -93,5 +93,5 @@ def test_a_new_kind_is_found_everywhere_through_the_registry():
     assert out["names"] == ["fidelity", "precision", "sharpness"] and "--sharpness" in out["options"]
     assert out["described"] == "sharpness 1/4"
     assert out["serve"][out["serve"].index("--sharpness") + 1] == "1/4" and out["job_help"]
-    assert out["packed"] == [["toy", [2, 4]]]
+    assert out["packed"] == [["extent", None], ["toy", [2, 4]]]  # extents are on unless --no-extents
     assert out["info_line"] == " (scales: [2, 4])"

@@ -56,7 +56,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         kept = [(path, reason) for name, path, reason in report.fallbacks if name == kind.name]
         print(f"{kind.name}: {report.records.get(kind.name, 0):,} {kind.label}, {len(kept):,} {kind.fallback}")
         for path, reason in kept[:20]:
-            print(f"  {kind.fallback}: {path}: {reason}")
+            print(f"  kept as is: {path}: {reason}")
         if len(kept) > 20:
             print(f"  ... and {len(kept) - 20} more")
     if report.shards_by_rank:

@@ -247,7 +247,7 @@ def _adopted(job: ShardJob, source: SourceFile, packed: Packed, codec: int, name
             raise PackError(f"cannot read {name}: {err.strerror or err}") from None
         if why is None:
             return kind, kind.adopt(packed), job.raw_codec
-        if why:
+        if why and not (fallbacks and fallbacks[-1][1] == name):  # a file another kind let go is listed once, there
             fallbacks.append((kind.name, name, why))
     return _PLAIN, packed, codec
 
