@@ -100,10 +100,10 @@ class Store:
         self.stats = Stats()
         self._kinds: list[RecordKind] = kind_table()  # type: ignore[assignment]  (validated: every id is known)
         ix = self.index
-        # Columns read on every read, as memoryviews: an item is a Python int (~60 ns), not a numpy scalar (~250 ns)
-        self._type, self._record, self._shard = memoryview(ix.type), memoryview(ix.record), memoryview(ix.shard)
-        self._raw, self._stored = memoryview(ix.blob_raw), memoryview(ix.blob_stored)
-        self._offset, self._checksum = memoryview(ix.blob_offset), memoryview(ix.blob_checksum)
+        items = ix.items  # columns read on every read: an item is a Python int (~60 ns), not a numpy scalar (~250 ns)
+        self._type, self._record, self._shard = items.type, items.record, items.shard
+        self._raw, self._stored = items.blob_raw, items.blob_stored
+        self._offset, self._checksum = items.blob_offset, items.blob_checksum
         self._reported: dict[int, float] = {}
         self.is_local: Callable[[int, int], bool] = is_local or (lambda entry, view: True)
         # Sources that give a run of one file's blobs in one round trip (peers): a read of several blobs this node
