@@ -231,15 +231,35 @@ def test_a_bad_copy_is_eio_never_wrong_bytes(stores, tmp_path, caplog):
             assert fs.cat_file(name) == (src / name).read_bytes()
     assert fs.stats()["errors"] == 4
 
-    gone = tmp_path / "gone"  # a shard removed after the store was opened: EIO for its files
-    shutil.copytree(stores["plain"], gone)
-    fs = fsspec.filesystem("fanfs", store=str(gone))
+    cut = tmp_path / "cut"  # a shard cut short after the store was opened: EIO for its files
+    shutil.copytree(stores["plain"], cut)
+    fs = fsspec.filesystem("fanfs", store=str(cut))
     shard = int(fs.store.index.shard[fs.store.lookup(victim.encode())])
-    (gone / SHARD_DIR / shard_name(shard)).unlink()
+    os.truncate(cut / SHARD_DIR / shard_name(shard), 100)
     with pytest.raises(OSError) as info:
         fs.cat_file(victim)
-    assert info.value.errno == errno.EIO and "No such file" in str(info.value)
-    with pytest.raises(StoreError, match=f"incomplete store: shard {shard_name(shard)} is missing"):
+    assert info.value.errno == errno.EIO and "short read" in str(info.value)
+
+
+def test_the_shards_checked_at_open_are_the_ones_read_also_by_forked_workers(stores, tmp_path):
+    """The descriptors the open check made are kept (a DataLoader worker forked from the process that opened the
+    store inherits them instead of opening every shard again): what the open checked is what is read, even
+    once the files are gone, and a store missing a shard is still refused at open."""
+    src, gone = stores["src"], tmp_path / "gone"
+    shutil.copytree(stores["plain"], gone)
+    fs = fsspec.filesystem("fanfs", store=str(gone), skip_instance_cache=True)
+    shutil.rmtree(gone / SHARD_DIR)
+    names = regular_files(src)
+    pid = os.fork()
+    if pid == 0:  # a worker: exits 0 only if it read every file right
+        ok = False
+        try:
+            ok = all(fs.cat_file(name) == (src / name).read_bytes() for name in names)
+        finally:
+            os._exit(0 if ok else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert all(fs.cat_file(name) == (src / name).read_bytes() for name in names)
+    with pytest.raises(StoreError, match=f"incomplete store: shard {shard_name(0)} is missing"):
         fsspec.filesystem("fanfs", store=str(gone), skip_instance_cache=True)
 
 

@@ -42,6 +42,7 @@ class Columns(Protocol):
     layers: np.ndarray
     blob_raw: np.ndarray
     blob_stored: np.ndarray
+    items: Any  # the same columns as memoryviews, for one value at a time (:class:`fanfs.store.index.ColumnItems`)
 
     def path(self, entry: int) -> bytes: ...
 
@@ -145,7 +146,7 @@ class RecordKind:
 
     def size(self, reader: Reader, entry: int, view: int) -> int:
         """Bytes the file presents at ``view``."""
-        return int(reader.index.size[entry])
+        return reader.index.items.size[entry]
 
     def read(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> bytes:
         """Bytes ``[offset, offset + size)`` of the file as presented at ``view``."""

@@ -35,9 +35,9 @@ class PlainFiles(RecordKind):
         """Each chunk's part of the read as its decoded bytes and where in them, unsliced: the kernel splits a large
         read into requests that need not match chunks, and a request is then sent from the chunks themselves, each
         decoded once (one read covers it whole) or kept for the next request (it covers a part)."""
-        ix = reader.index
-        first, count = int(ix.first[entry]), int(ix.count[entry])
-        end = min(offset + size, int(ix.size[entry]))
+        ix = reader.index.items
+        first, count = ix.first[entry], ix.count[entry]
+        end = min(offset + size, ix.size[entry])
         if offset >= end:
             return [(b"", 0, 0)]
         raw = ix.blob_raw
@@ -49,7 +49,7 @@ class PlainFiles(RecordKind):
                 break
             start = pos - i * chunk
             length = min(end - pos, chunk - start)
-            whole = start == 0 and length >= int(raw[first + i])
+            whole = start == 0 and length >= raw[first + i]
             data = reader.blob(entry, first + i, keep=not whole, stream=count > 1)
             if len(data) < start + length:
                 raise reader.fault(entry, first + i, f"chunk {i} ends before the file's size")

@@ -35,6 +35,9 @@ from .sources import LocalShards, ShardSource
 
 log = logging.getLogger("fanfs")
 
+KEEP_OPEN = 256
+"""A store of at most this many shards keeps the descriptors its open check made (more: each is opened when first
+read, so that a store of thousands of shards does not take that many descriptors at once)."""
 REPORT_EVERY = 60.0
 """Seconds before the same failing blob is logged again (the kernel retries a failed read at once)."""
 
@@ -88,19 +91,19 @@ class Store:
             self.codecs: list[Codec] = [codec_from_config(c, self.index.dictionaries) for c in meta["codecs"]]
         except CodecError as err:
             raise StoreError(f"{root}: {err}") from None
-        self.sources: list[ShardSource] = list(sources) if sources is not None else [
-            LocalShards(os.path.join(root, SHARD_DIR), self.id)]
+        own = LocalShards(os.path.join(root, SHARD_DIR), self.id) if sources is None else None
+        self.sources: list[ShardSource] = list(sources) if own is None else [own]
         if check_shards:
-            self.check_shards()
+            self.check_shards(own if self.index.shard_size.size <= KEEP_OPEN else None)
         self.cache = BlobCache(cache_size)
         self.stream = StreamChunks()
         self.stats = Stats()
         self._kinds: list[RecordKind] = kind_table()  # type: ignore[assignment]  (validated: every id is known)
         ix = self.index
-        # Columns read on every read, as memoryviews: an item is a Python int (~60 ns), not a numpy scalar (~250 ns)
-        self._type, self._record, self._shard = memoryview(ix.type), memoryview(ix.record), memoryview(ix.shard)
-        self._raw, self._stored = memoryview(ix.blob_raw), memoryview(ix.blob_stored)
-        self._offset, self._checksum = memoryview(ix.blob_offset), memoryview(ix.blob_checksum)
+        items = ix.items  # columns read on every read: an item is a Python int (~60 ns), not a numpy scalar (~250 ns)
+        self._type, self._record, self._shard = items.type, items.record, items.shard
+        self._raw, self._stored = items.blob_raw, items.blob_stored
+        self._offset, self._checksum = items.blob_offset, items.blob_checksum
         self._reported: dict[int, float] = {}
         self.is_local: Callable[[int, int], bool] = is_local or (lambda entry, view: True)
         # Sources that give a run of one file's blobs in one round trip (peers): a read of several blobs this node
@@ -113,8 +116,10 @@ class Store:
 
     # --- metadata -------------------------------------------------------------------------------
 
-    def check_shards(self) -> None:
-        """Refuse a store whose shard files are missing, cut short, foreign or not regular files."""
+    def check_shards(self, keep: LocalShards | None = None) -> None:
+        """Refuse a store whose shard files are missing, cut short, foreign or not regular files.  ``keep``: the
+        source that reads these files, given the descriptors opened here (a forked reader, such as a DataLoader
+        worker, inherits them instead of opening and checking every shard again: ~20 us each)."""
         sizes = self.index.shard_size
         directory = os.path.join(self.root, SHARD_DIR)
         for shard in range(sizes.size):
@@ -128,11 +133,16 @@ class Store:
             try:
                 check_shard_header(os.pread(fd, SHARD_HEADER.size, 0), shard, self.id, path)
                 size = os.fstat(fd).st_size
-            finally:
+                if size != int(sizes[shard]):
+                    raise StoreError(f"{self.root}: incomplete store: shard {shard_name(shard)} has {size} bytes, "
+                                     f"the index says {int(sizes[shard])}")
+            except BaseException:
                 os.close(fd)
-            if size != int(sizes[shard]):
-                raise StoreError(f"{self.root}: incomplete store: shard {shard_name(shard)} has {size} bytes, "
-                                 f"the index says {int(sizes[shard])}")
+                raise
+            if keep is not None:
+                keep.adopt(shard, fd)
+            else:
+                os.close(fd)
 
     def lookup(self, path: bytes) -> int:
         """Entry of a relative path (``b""`` is the root); FileNotFoundError if absent."""
