@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NotHeld
+from ..errors import FanfsError, NotHeld
 from ..util.checksum import checksum
 from .sources import ShardSource
 
@@ -53,7 +53,7 @@ class ExtentPlaces:
 
     def __init__(self, index: Any, is_extent: np.ndarray, sources: Sequence[ShardSource], stats: Any, chunk_size: int) -> None:
         """``is_extent``: a bool per entry (files of a kind read in place)."""
-        self._index, self._sources, self._stats, self._chunk = index, list(sources), stats, chunk_size
+        self._sources, self._stats, self._chunk = list(sources), stats, chunk_size
         self.is_extent = memoryview(is_extent)
         self._first, self._size, self._shard = memoryview(index.first), memoryview(index.size), memoryview(index.shard)
         self._offset, self._stored = memoryview(index.blob_offset), memoryview(index.blob_stored)
@@ -132,6 +132,8 @@ class ExtentPlaces:
                 place = source.place(blob, shard, self._offset[blob])
             except NotHeld:
                 continue
+            except (OSError, FanfsError):  # a copy gone bad: the copy path says so, and asks the next source
+                return None
             return None if place is None else (i, place)
         return None
 
@@ -171,7 +173,10 @@ class ExtentPlaces:
                 if stream.users:
                     return None
                 os.close(self._streams.pop(entry).fd)
-        fd = self._sources[source].reopen(self._shard[entry], self._offset[self._first[entry]])
+        try:
+            fd = self._sources[source].reopen(self._shard[entry], self._offset[self._first[entry]])
+        except OSError:
+            fd = None
         if fd is None:
             return None
         try:
@@ -181,7 +186,7 @@ class ExtentPlaces:
         fresh = _Stream(fd, source)
         fresh.users = 1
         with self._lock:
-            if entry in self._streams:  # another thread opened one meanwhile: use the newer, close the other when idle
+            if entry in self._streams:  # another thread opened one meanwhile: this one serves this read, then goes
                 self._streams[-1 - fd] = fresh
             else:
                 self._streams[entry] = fresh
