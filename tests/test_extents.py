@@ -271,3 +271,24 @@ def test_an_unprivileged_daemon_splices_too(extents, fuse_for_users):
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-uz", str(mnt)])
         shutil.rmtree(mine, ignore_errors=True)
+
+
+@pytest.mark.parametrize("stage", ["full", "lazy"])
+def test_a_staged_copy_and_a_lazily_cached_one_are_spliced_too(extents, tmp_path, mount, stage):
+    """A node's own copy (staged before serving, or kept by the lazy cache at its first read) is where an extent is
+    spliced from: a re-read after the kernel dropped the file's pages reads nothing more in the daemon."""
+    src, store, _ = extents
+    want = (src / "vol" / "big.raw").read_bytes()
+    with mount(store, "--local-dir", tmp_path / "local", "--stage", stage) as mnt:
+        assert (mnt / "vol" / "big.raw").read_bytes() == want
+        first = stats(mnt)
+        _drop_pages(mnt / "vol" / "big.raw")
+        before = _daemon_rchar(mnt)
+        assert (mnt / "vol" / "big.raw").read_bytes() == want
+        read_by_daemon = _daemon_rchar(mnt) - before
+        again = stats(mnt)
+    assert again["bytes_spliced"] - first["bytes_spliced"] == len(want)  # the whole re-read, from the node's copy
+    assert read_by_daemon < 256 << 10, read_by_daemon
+    assert again["bytes_verified"] == first["bytes_verified"]  # each chunk verified once, at its first read
+    if stage == "lazy":
+        assert again["cache"]["hit_bytes"] - first["cache"]["hit_bytes"] == len(want)

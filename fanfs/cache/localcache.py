@@ -359,12 +359,12 @@ class CachedShards(ShardSource):
         """A kept blob that is here (never dropped while the mount serves); None for others (read them)."""
         if self.touched is not None:
             self.touched[blob] = tick()
-        state = self.cache.state(blob)
-        if state == KEPT:
-            return int(self.cache.slot[blob])
-        if state < AHEAD and not self._keep[blob]:
+        if (state := self.cache.state(blob)) < AHEAD and not self._keep[blob]:
             raise NotHeld("not kept by this node")
-        return None
+        return int(self.cache.slot[blob]) if state == KEPT else None
+
+    def holds_in_place(self, blob: int) -> bool:
+        return self.cache.state(blob) == KEPT  # written before it was marked kept: what was read is what is there
 
     def served_in_place(self, blob: int, length: int, from_start: bool) -> None:
         self.hits, self.hit_bytes = self.hits + from_start, self.hit_bytes + length

@@ -93,6 +93,10 @@ class ExtentPlaces:
         last, blob = first + (end - 1) // chunk, first + offset // chunk
         return bool(self._verified[blob] and (last == blob or all(self._verified[blob + 1:last + 1])))
 
+    def vouch(self, blob: int, source: int) -> None:
+        """The blob's bytes where ``source`` keeps them were just read and checked (by the copy path)."""
+        self._verified[blob] = source + 1
+
     def _place(self, entry: int, offset: int, end: int) -> tuple[_Stream, int] | None:
         chunk, first, shard = self._chunk, self._first[entry], self._shard[entry]
         blobs = range(first + offset // chunk, first + (end - 1) // chunk + 1)

@@ -193,7 +193,7 @@ class Store:
         offset, length = self._offset[blob], self._stored[blob]
         expected = self._checksum[blob]
         problems = []
-        for source in self.sources:
+        for i, source in enumerate(self.sources):
             try:
                 data = source.read(blob, shard, offset, length)
             except NotHeld:
@@ -204,6 +204,8 @@ class Store:
             if len(data) == length and checksum(data) == expected:
                 self.stats.stored_by_layer[min(layer, SIDE_LAYER + SIDE_LAYERS - 1)] += length
                 self.stats.by_source[source.name] = self.stats.by_source.get(source.name, 0) + length
+                if self.extents is not None and source.holds_in_place(blob):
+                    self.extents.vouch(blob, i)  # these very bytes lie where an extent's read will splice them from
                 if problems and self._first_report(blob):
                     log.warning("%s: used %s after: %s", self._describe(entry, blob), source.name, "; ".join(problems))
                 return data

@@ -38,6 +38,11 @@ class ShardSource:
         NotHeld, as :meth:`read` raises it."""
         return None
 
+    def holds_in_place(self, blob: int) -> bool:
+        """Whether the bytes :meth:`read` just gave for the blob are the ones :meth:`place` positions (a file read
+        as it lies: they were checked, so a splice of them serves checked bytes)."""
+        return False
+
     def served_in_place(self, blob: int, length: int, from_start: bool) -> None:
         """``length`` bytes of the blob were served where :meth:`place` said they lie (``from_start``: from its first
         byte on: a read of the blob, as :meth:`read` counts them)."""
@@ -108,6 +113,9 @@ class LocalShards(ShardSource):
     def place(self, blob: int, shard: int, offset: int) -> int | None:
         self._fd(shard)  # there, a regular file, and this store's: checked once
         return offset
+
+    def holds_in_place(self, blob: int) -> bool:
+        return True
 
     def reopen(self, shard: int, offset: int) -> int | None:
         return reopen(self._fd(shard))
