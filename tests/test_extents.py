@@ -292,3 +292,17 @@ def test_a_staged_copy_and_a_lazily_cached_one_are_spliced_too(extents, tmp_path
     assert again["bytes_verified"] == first["bytes_verified"]  # each chunk verified once, at its first read
     if stage == "lazy":
         assert again["cache"]["hit_bytes"] - first["cache"]["hit_bytes"] == len(want)
+
+
+def test_a_mount_that_cannot_splice_says_so_once_and_copies_right(extents, mount, monkeypatch):
+    """Where libfuse's pipe cannot be sized for a spliced reply (it would copy every reply, silently), the mount
+    says so in one log line and serves every extent by the copy path, byte for byte."""
+    src, store, _ = extents
+    monkeypatch.setenv("FANFS_DEBUG_SPLICE_REFUSED", "1")
+    with mount(store) as mnt:
+        for name in ("vol/big.raw", "vol/one.h5"):
+            assert (mnt / name).read_bytes() == (src / name).read_bytes()
+        got = stats(mnt)
+        log = Path(control.log_path(str(mnt))).read_text()
+    assert got["bytes_spliced"] == 0 and got["errors"] == 0
+    assert log.count("not spliced") == 1 and "FANFS_DEBUG_SPLICE_REFUSED" in log

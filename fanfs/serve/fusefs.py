@@ -197,7 +197,12 @@ class FanfsFS:
     def ready(self, session: ll.Session) -> None:
         self.session = session
         if session.splicing and self.store.extents is not None:
-            self._spliced = self.store.extents.is_extent
+            problem = splice.pipe_problem(session.max_read)
+            if problem is None:
+                self._spliced = self.store.extents.is_extent
+            else:
+                log.warning("large files are copied through this process, not spliced: %s (pipe-max-size, or this "
+                            "user's pipe-user-pages-soft in /proc/sys/fs, is too low)", problem)
         self._on_ready()
 
     def readahead(self) -> int | None:

@@ -11,6 +11,7 @@ word (1 MiB requests asked for 1,060,880 bytes).  :func:`max_read` keeps every r
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import logging
 import os
 
@@ -22,6 +23,9 @@ log = logging.getLogger("fanfs")
 lib.fuse_reply_data.restype = ctypes.c_int
 lib.fuse_reply_data.argtypes = [c_req, ctypes.POINTER(FuseBufvec1), ctypes.c_int]
 _PIPE_EXTRA_PAGES = 3  # libfuse 3.14: one page per iovec (the header) and per buffer, and one more
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+REFUSED = bool(os.environ.get("FANFS_DEBUG_SPLICE_REFUSED"))
+"""Fault injection for tests: the pipe libfuse needs is refused (as a low pipe-max-size would), so nothing is spliced."""
 
 
 def max_read() -> int:
@@ -33,6 +37,23 @@ def max_read() -> int:
     except (OSError, ValueError):
         limit = 1 << 20
     return max(page, min(1 << 20, (limit - _PIPE_EXTRA_PAGES * page - 16) // page * page))
+
+
+def pipe_problem(max_read: int) -> str | None:
+    """Why libfuse could not size its pipe for a reply of ``max_read`` bytes in this process (it would then copy
+    every reply, silently), or None: a pipe is made and grown as libfuse will grow each of its threads' pipes."""
+    if REFUSED:
+        return "refused (FANFS_DEBUG_SPLICE_REFUSED)"
+    page = os.sysconf("SC_PAGE_SIZE")
+    read_end, write_end = os.pipe()
+    try:
+        fcntl.fcntl(read_end, F_SETPIPE_SZ, max_read + _PIPE_EXTRA_PAGES * page + 16)
+    except OSError as err:
+        return f"a pipe of {max_read + _PIPE_EXTRA_PAGES * page + 16:,} bytes is refused ({err.strerror})"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    return None
 
 
 def reply_fd(req: int, fd: int, position: int, length: int) -> None:
