@@ -1,7 +1,7 @@
 """How a node gets its blobs: the cache's one entry for whoever starts a node (a job's rank and its serving daemon,
 a node mounting alone, an in-process reader of a node's view).
 
-Three steps, each a call: :func:`ready_copies` before the node serves (stage now, ``--stage``; nothing yet, ``--stage
+Three steps, each a call (after :func:`check_local_dir`): :func:`ready_copies` before the node serves (stage now, ``--stage``; nothing yet, ``--stage
 lazy``; or the copies a ``fanfs stage`` left, checked), :func:`node_store` to read (the node's staged shards or lazy
 cache first, then the peers holding the other blobs, then the shared store for what no node holds), and
 :class:`CacheHooks`, what the node's mount adds for its cache (the figures, a lazy cache's counters, and its
@@ -26,11 +26,19 @@ from ..store.index import Index
 from ..peers.peer import PeerClient, RemoteBlobs, StagedBlobs, remote_sources
 from ..peers.placement import Placement, place
 from ..peers.world import World
+from ..util.runtime import private_dir
 from .lazy import FirstHolderFirst, LazyShare, cached_is_local, lazy_share, lazy_stats
 from .prefetch import Prefetcher, follow_orders
-from .stage import StagedShare, held_parts, stage, staged_presentation, staged_share, staged_stats
+from .stage import LOCAL_DIR_REMEDY, StagedShare, held_parts, stage, staged_presentation, staged_share, staged_stats
 
 log = logging.getLogger("fanfs")
+
+
+def check_local_dir(local_dir: str) -> None:
+    """The node's local directory, if it exists (staging makes it), is safe to use: nobody else can write it (they
+    could replace the copies)."""
+    if os.path.lexists(local_dir):
+        private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
 
 
 def ready_copies(store_root: str, local_dir: str, how: str, replicas: int, world: World, index: Index,

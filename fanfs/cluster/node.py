@@ -34,9 +34,7 @@ from ..serve.daemon import Hooks, check_mountpoint, opened_paths, setup_logging,
 from ..store import Store
 from ..store.index import Index
 from ..util.mounts import mounted, unmount
-from ..util.runtime import private_dir
-from ..cache.share import CacheHooks, node_store, ready_copies
-from ..cache.stage import LOCAL_DIR_REMEDY
+from ..cache.share import CacheHooks, check_local_dir, node_store, ready_copies
 from ..peers.peerend import exchange_cards
 from ..peers.world import AgreedError, World, launched_ranks, load_index
 from .handoff import Handoff
@@ -53,8 +51,7 @@ def check_node_paths(store_root: str, mountpoint: str, local_dir: str, serve_onl
         node_dir(mountpoint)
     else:
         check_mountpoint(mountpoint, opened_paths(store_root, local_dir))
-    if os.path.lexists(local_dir):
-        private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
+    check_local_dir(local_dir)
 
 
 def job_presentation(world: World, store_root: str, index: Index, values: Mapping[str, Value]) -> Presentation:
