@@ -212,6 +212,14 @@ def test_serve_imports_nothing_of_cluster_or_train():
     assert not bad, bad
 
 
+def test_what_starts_a_job_reaches_the_cache_through_one_door():
+    """How a node gets its blobs (stage or lazy, capacity, prefetch) is the cache's to decide: what starts and runs a
+    job calls :mod:`fanfs.cache.share`, never the cache's own modules, so a change to the cache touches its package."""
+    bad = [f"{module} -> {target}" for module, targets in graph().items() if layer(module) == "cluster"
+           for target in targets if layer(target) == "cache" and target != "fanfs.cache.share"]
+    assert not bad, bad
+
+
 KIND_TOOLS = {"fanfs.tune.fidelity": "fanfs.records.jpeg", "fanfs.tune.curve": "fanfs.records.jpeg", "fanfs.pack.select.floatprobe": "fanfs.records.floats"}
 """Modules that are one kind's own tools (the fidelity curve of JPEG records, select's measure of float records),
 and the kind they may import."""

@@ -4,14 +4,19 @@ Every node mounts the same store with ``--local-dir``.  Alone, it is one node ho
 MPI is never used.  Under mpiexec/srun (one rank per node) the rank first forks its serving daemon
 (:mod:`.handoff`, :mod:`.serving`), then runs the job's collective start over MPI: every rank checks
 its mount point and store and all agree (a failure anywhere is the same one-line error everywhere),
-rank 0 reads the index and broadcasts it, ``auto`` settings are resolved once, the blobs are staged if
-asked, every daemon's peer address and public key are gathered (:mod:`fanfs.peers.peerwire`).  The daemons then
+rank 0 reads the index and broadcasts it, ``auto`` settings are resolved once, the node's local copies are made
+ready (staged if asked: :func:`fanfs.cache.share.ready_copies`), every daemon's peer address and public key are
+gathered (:func:`fanfs.peers.peerend.exchange_cards`).  The daemons then
 serve each other over TCP, independent processes: one node's death (kill -9, OOM) or stop takes
 nothing else down, and the launcher, told not to clean up (``mpiexec -disable-auto-cleanup``;
 ``srun``'s default), lets the survivors serve on.  MPI is finalised right after the job's last collective
 call (the peer addresses), or after an error every rank agreed on: there every rank is alive and calls
 it, so nothing of MPI (its shared-memory segments in /dev/shm) outlives the start.  After any other
 failure a rank may be dead and finalising could block: the rank then exits without it.
+
+This module only sequences a node's start: how the node gets its blobs (stage or lazy, the capacity's plan, the
+prefetcher) is decided in the cache (:mod:`fanfs.cache.share`), its peer client and server are set up by the peers
+(:mod:`fanfs.peers.peerend`), and the daemon's side is :func:`.serving.serve_job`.
 """
 
 from __future__ import annotations
@@ -21,41 +26,22 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 
-import numpy as np
-
 from ..errors import FanfsError, StoreError
 from .. import tune  # noqa: F401  (registers the resolvers of auto values)
-from ..records import Presentation, Value, blobs_read, check_presentation, resolve, unresolved
+from ..records import Presentation, Value, check_presentation, resolve, unresolved
 from ..serve.control import MountLock
 from ..serve.daemon import Hooks, check_mountpoint, opened_paths, setup_logging, start
 from ..store import Store
-from ..store.format import shard_name
 from ..store.index import Index
 from ..util.mounts import mounted, unmount
-from ..util.runtime import private_dir
-from .handoff import Handoff
-from ..cache.lazy import LazyShare, lazy_stats
-from .nodeview import node_dir, node_store, withdraw
-from ..cache.prefetch import follow_orders
-from ..peers.placement import Placement, place
-from .serving import NodeOptions, Plan, daemon_main
-from ..cache.stage import LOCAL_DIR_REMEDY, held_parts, stage, staged_presentation, staged_share, staged_stats
+from ..cache.share import CacheHooks, check_local_dir, node_store, ready_copies
+from ..peers.peerend import exchange_cards
 from ..peers.world import AgreedError, World, launched_ranks, load_index
+from .handoff import Handoff
+from .nodeview import node_dir, withdraw
+from .serving import NodeOptions, Plan, daemon_main
 
 log = logging.getLogger("fanfs")
-
-
-def missing_shards(directory: str, placement: Placement, rank: int, index: Index, staged: np.ndarray) -> list[int]:
-    """Shards of which this node holds staged blobs but has no local copy of full size."""
-    missing = []
-    for part in held_parts(index, placement, rank, staged):
-        try:
-            if os.stat(os.path.join(directory, shard_name(part.shard))).st_size == int(index.shard_size[part.shard]):
-                continue
-        except FileNotFoundError:
-            pass
-        missing.append(part.shard)
-    return missing
 
 
 def check_node_paths(store_root: str, mountpoint: str, local_dir: str, serve_only: bool = False) -> None:
@@ -65,8 +51,7 @@ def check_node_paths(store_root: str, mountpoint: str, local_dir: str, serve_onl
         node_dir(mountpoint)
     else:
         check_mountpoint(mountpoint, opened_paths(store_root, local_dir))
-    if os.path.lexists(local_dir):
-        private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
+    check_local_dir(local_dir)
 
 
 def job_presentation(world: World, store_root: str, index: Index, values: Mapping[str, Value]) -> Presentation:
@@ -111,54 +96,23 @@ def mount_node(store_root: str, mountpoint: str, options: NodeOptions,
 
 
 def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: MountLock) -> int:
+    """A node alone: its paths, the index, the presentation, its local copies ready (:mod:`fanfs.cache.share`), its
+    store and the cache's hooks, then the mount."""
     check_node_paths(store_root, mountpoint, options.local_dir)
     world = World.detect()
     index = load_index(store_root, world)
     options = _resolved(options, world, store_root, index)
     check_presentation(index, options.mount.presentation)
-    staged = _stage_if_asked(store_root, options, world, index)
-    if options.stage == "lazy":
-        node = node_store(store_root, index, 0, 1, 1, options.local_dir, staged, None, options.mount.cache_size,
-                          lazy=True, capacity=options.capacity, owner=True)
-        share = node.share
-        assert isinstance(share, LazyShare)
-        prefetcher, commands = follow_orders(node.store, share, [], staged, mountpoint)
-        hooks = Hooks(counters=share.local.counters, commands=commands,
-                      extra_stats=lambda counters: {**staged_stats(share, counters["by_source"]),
-                                                    **lazy_stats(share, counters, prefetcher)},
-                      on_present=lambda presentation: setattr(prefetcher, "presentation", presentation))
-        try:
-            return start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
-        finally:
-            prefetcher.close()
-    placement = place(index.blob_stored, 1, 1)
-    share = staged_share(store_root, options.local_dir, index, staged, placement.held(0))
-    missing = missing_shards(options.local_dir, placement, 0, index, share.staged)
-    if missing:
-        raise StoreError(f"{options.local_dir}: {len(missing)} of the store's shards are missing or incomplete "
-                         f"(first: {shard_name(missing[0])}): run 'fanfs stage' or mount with --stage")
-
-    def is_local(entry: int, view: int) -> bool:  # the staged layers serve it
-        return store.kind(entry).reads_within(view, store.view(entry, staged))
-
-    store = Store(store_root, cache_size=options.mount.cache_size, sources=[share.local, share.shared],
-                  check_shards=False, index=index, is_local=is_local)
-    hooks = Hooks(extra_stats=lambda counters: staged_stats(share, counters["by_source"]))
-    return start(store, mountpoint, options.mount, lock=lock, hooks=hooks)
-
-
-def _stage_if_asked(store_root: str, options: NodeOptions, world: World, index: Index) -> Presentation:
-    """Stage at the mount's presentation if asked (collective); the presentation the local copies hold (lazily: the
-    one whose blobs the cache keeps first)."""
-    if options.stage == "lazy":
-        return options.mount.presentation
-    if options.stage:
-        report = stage(store_root, options.local_dir, options.replicas, world, index,
-                       presentation=options.mount.presentation)
-        if report is not None:
-            print(report.format(), flush=True)
-        return options.mount.presentation
-    return staged_presentation(options.local_dir, index.meta["store_id"]) or Presentation()
+    staged = ready_copies(store_root, options.local_dir, options.stage, options.replicas, world, index,
+                          options.mount.presentation, alone=True)
+    node = node_store(store_root, index, 0, 1, 1, options.local_dir, staged, None, options.mount.cache_size,
+                      lazy=options.stage == "lazy", capacity=options.capacity, owner=True)
+    cache = CacheHooks(node, staged, mountpoint)
+    hooks = Hooks(counters=cache.counters, commands=cache.commands, extra_stats=cache.stats, on_present=cache.present)
+    try:
+        return start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
+    finally:
+        cache.close()
 
 
 def _mount_in_job(store_root: str, mountpoint: str, options: NodeOptions,
@@ -189,7 +143,9 @@ def _mount_in_job(store_root: str, mountpoint: str, options: NodeOptions,
 
 
 def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOptions) -> int:
-    """The job's collective start, then wait for this node's daemon until the job ends; its pid."""
+    """The job's collective start (the daemon's peer address, the index, the presentation, the local copies ready
+    (:mod:`fanfs.cache.share`), every node's peer address (:mod:`fanfs.peers.peerend`), then the plan handed to
+    the daemon), then wait for this node's daemon until the job ends; its pid."""
     kind, value = child.recv() or ("error", "the serving daemon did not start")
     try:
         world = World.detect()
@@ -197,17 +153,9 @@ def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOp
         index = load_index(store_root, world)
         options = _resolved(options, world, store_root, index)
         world.agree(_problem(lambda: check_presentation(index, options.mount.presentation)))
-        staged = _stage_if_asked(store_root, options, world, index)
-        placement = place(index.blob_stored, world.size, options.replicas)
-        missing = [] if options.stage == "lazy" else \
-            missing_shards(options.local_dir, placement, world.rank, index, blobs_read(index, staged))
-        if missing:
-            log.warning("%s: %d shard copies of this node are missing or incomplete (first: %s); their reads go "
-                        "to replicas", options.local_dir, len(missing), shard_name(missing[0]))
-        address, public = value
-        gathered = world.allgather((tuple(address), public))  # the job's last MPI call: from here on, sockets
-        world.finalize()  # every rank is here and alive: MPI leaves nothing behind (/dev/shm segments)
-        endpoints, publics = [a for a, _ in gathered], [p for _, p in gathered]
+        staged = ready_copies(store_root, options.local_dir, options.stage, options.replicas, world, index,
+                              options.mount.presentation, alone=False)
+        endpoints, publics = exchange_cards(world, value)
         child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, publics, options, staged))
     except BaseException:
         try:

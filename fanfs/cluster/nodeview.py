@@ -1,7 +1,7 @@
 """A job node's store, as its mount serves it and as an in-process reader on the node opens it.
 
-:func:`node_store` builds it (the node's staged shards first, then the peers holding the other blobs,
-then the shared store for layers no node staged), for the serving daemon and for a reader alike.
+:func:`fanfs.cache.share.node_store` builds it (the node's staged shards first, then the peers holding the other
+blobs, then the shared store for layers no node staged), for the serving daemon and for a reader alike.
 
 A node that serves without a mount (``fanfs mount --no-mount``; ``FANFS_MOUNT=0`` in a Slurm job)
 publishes in its *node directory* what a reader needs to build the same store: ``NODE_FILE`` (the
@@ -17,69 +17,23 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FanfsError
 from ..records import Presentation
-from ..store import Store
 from ..store.format import INDEX_NAME
 from ..store.index import Index
 from ..util.files import read_regular
 from ..util.runtime import create_private, private_dir
 from ..util.workers import pid_alive
-from ..cache.lazy import FirstHolderFirst, cached_is_local, lazy_share
-from ..peers.peer import PeerClient, RemoteBlobs, StagedBlobs, remote_sources
+from ..cache.share import NodeStore, node_store
+from ..peers.peer import PeerClient
 from ..peers.peerwire import NodeKey
-from ..peers.placement import Placement, place
-from ..cache.stage import StagedShare, staged_share
 
 NODE_FILE = "fanfs-node.json"
 KEY_FILE = "fanfs-node.key"
 REMEDY = "use a directory of your own that only you can write (mkdir -m 700)"
 MAX_NODE_FILE = 16 << 20  # a job of thousands of nodes: an address and a key per node
-
-
-@dataclass
-class NodeStore:
-    """A node's store, and the parts of it a node's figures are made of."""
-
-    store: Store
-    share: StagedShare
-    remotes: list[RemoteBlobs]
-    placement: Placement
-    client: PeerClient | None
-
-
-def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: int, local_dir: str,
-               staged: Presentation, client: PeerClient | None, cache_size: int, *, lazy: bool = False,
-               capacity: int | None = None, owner: bool = False) -> NodeStore:
-    """Node ``rank``'s store: the blobs placement gives it from ``local_dir`` (staged at ``staged``), the others from
-    their holders through ``client`` (None: a node alone), layers no node staged from the shared store.  ``lazy``:
-    ``local_dir`` is a cache the node fills as it reads, within ``capacity`` (:mod:`fanfs.cache.lazy`; ``staged`` is the
-    presentation whose blobs it keeps first, every blob not kept is read through); ``owner``: built by the node's
-    serving daemon, not by an in-process reader."""
-    placement = place(index.blob_stored, nodes, replicas)
-    first, count = index.first, index.count
-    share: StagedShare
-    if lazy:
-        share = lazy_share(store_root, local_dir, index, placement, rank, staged, capacity, owner)
-        assert share.plan is not None and share.cache is not None
-        remotes = remote_sources(client, placement, share.plan, mine=share.local.held) if client else []
-        if client:
-            share.local.shared = FirstHolderFirst(share.shared, client, placement, share.plan, index.blob_checksum)
-        is_local = cached_is_local(lambda: store, share.cache)
-    else:
-        share = staged_share(store_root, local_dir, index, staged, placement.held(rank))
-        remotes = remote_sources(client, placement, StagedBlobs(share.staged)) if client else []
-
-        def is_local(entry: int, view: int) -> bool:  # the staged layers of this node serve it
-            return placement.holds_range(rank, int(first[entry]), int(count[entry])) \
-                and store.kind(entry).reads_within(view, store.view(entry, staged))
-
-    store = Store(store_root, cache_size=cache_size, sources=[share.local, *remotes, share.shared],
-                  check_shards=False, index=index, is_local=is_local)
-    return NodeStore(store, share, remotes, placement, client)
 
 
 def node_dir(path: str) -> str:

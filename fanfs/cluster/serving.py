@@ -30,13 +30,10 @@ from ..store.index import Index
 from ..util.mounts import unmount
 from ..util.server import configure_server
 from . import handoff
-from .nodeview import NodeStore, node_store, publish, withdraw
-from ..peers.peer import PeerClient, listen, peer_host
+from .nodeview import publish, withdraw
+from ..peers.peerend import PeerEnd
 from ..peers.peerserver import PeerServer
-from ..peers.peerwire import NodeKey
-from ..cache.lazy import LazyShare, lazy_stats
-from ..cache.prefetch import follow_orders
-from ..cache.stage import staged_stats
+from ..cache.share import CacheHooks, NodeStore, node_store
 
 log = logging.getLogger("fanfs")
 
@@ -119,37 +116,34 @@ def daemon_main(sock: socket.socket, mountpoint: str, lock: MountLock) -> int:
         signal.signal(sig, signal.SIG_IGN)
     configure_server()  # descriptors for peers and shards alike; megabyte buffers without page faults
     try:
-        listener = listen(peer_host())
+        end = PeerEnd()
     except (OSError, FanfsError) as err:
         handoff.send(sock, ("error", f"cannot serve peers: {getattr(err, 'strerror', None) or err}"))
         return 1
-    key = NodeKey()  # this job's private key: never leaves this process
-    handoff.send(sock, ("address", (listener.getsockname()[:2], key.public)))
+    handoff.send(sock, ("address", end.card))
     plan: Plan | None = handoff.recv(sock)
     if plan is None:  # the job failed before serving (the rank says why)
         return 1
-    serve_job(plan, mountpoint, listener, key, lock)
+    serve_job(plan, mountpoint, end, lock)
     return 0
 
 
-def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey, lock: MountLock) -> None:
+def serve_job(plan: Plan, mountpoint: str, end: PeerEnd, lock: MountLock) -> None:
     """Serve this node's mount (or, ``serve_only``, its view for in-process readers), and its blobs to peers,
-    until the job ends."""
+    until the job ends: the peers' client, the node's store (:mod:`fanfs.cache.share`), the peers' server, the
+    cache's hooks, then the mount."""
     options = plan.options
     index = Index(f"{plan.store_root}/{INDEX_NAME}", data=plan.index, validated=True)  # by this node's rank
-    store_id = bytes.fromhex(index.meta["store_id"])
     rank = plan.rank
-    client = PeerClient(plan.endpoints, plan.publics, rank, key, store_id, index.blob_stored, options.peer_timeout)
+    client = end.join(plan.endpoints, plan.publics, rank, index, options.peer_timeout)
     node = node_store(plan.store_root, index, rank, plan.nodes, options.replicas, options.local_dir, plan.staged,
                       client, options.mount.cache_size, lazy=options.stage == "lazy", capacity=options.capacity,
                       owner=True)
     share, remotes, placement = node.share, node.remotes, node.placement
     wake = os.pipe() if options.serve_only else None  # a node serving without a mount waits on it for its end
     stopper = Stopper(mountpoint, (lambda: os.write(wake[1], b"e")) if wake else None)
-    server = PeerServer(listener, index, share.local, key, plan.publics, rank, store_id,
-                        on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
-    prefetcher, commands = follow_orders(node.store, share, remotes, options.mount.presentation, mountpoint) \
-        if isinstance(share, LazyShare) else (None, {})
+    server = end.answer(index, share.local, plan.publics, rank, on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
+    cache = CacheHooks(node, options.mount.presentation, mountpoint)
 
     def ready() -> None:
         stopper.serving()
@@ -162,8 +156,7 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
     def stats(counters: Counters) -> dict[str, Any]:
         by_source = counters["by_source"]
         requests = counters["remote_requests"]
-        return {**staged_stats(share, by_source),
-                **(lazy_stats(share, counters, prefetcher) if isinstance(share, LazyShare) else {}),
+        return {**cache.stats(counters),
                 "cluster": {"rank": rank, "nodes": placement.nodes, "replicas": placement.replicas,
                             "peer_address": list(server.address),
                             "local_blobs": int(placement.node_blobs[rank]),
@@ -174,43 +167,38 @@ def serve_job(plan: Plan, mountpoint: str, listener: socket.socket, key: NodeKey
                             **server.stats()}}
 
     def counters() -> Counters:  # kept in each serving process
-        return {**client.counters(), **(share.local.counters() if isinstance(share, LazyShare) else {})}
+        return {**client.counters(), **cache.counters()}
 
-    hooks = Hooks(on_ready=ready, serving=server.start, counters=counters, extra_stats=stats, commands=commands,
-                  on_present=prefetcher and (lambda presentation: setattr(prefetcher, "presentation", presentation)))
+    hooks = Hooks(on_ready=ready, serving=server.start, counters=counters, extra_stats=stats, commands=cache.commands,
+                  on_present=cache.present)
     try:
         if wake is not None:
-            _serve_without_mount(plan, node, mountpoint, key, server, hooks, wake)
+            _serve_without_mount(plan, node, mountpoint, end, hooks, wake)
         else:
             start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
     finally:
-        if prefetcher is not None:
-            prefetcher.close()
+        cache.close()
         stopper.ended()
-        client.say_bye()
-        server.close()
+        end.close()
         for fd in wake or ():
             os.close(fd)
 
 
-def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeKey, server: PeerServer, hooks: Hooks,
+def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, end: PeerEnd, hooks: Hooks,
                          wake: tuple[int, int]) -> None:
     """Serve peers, and publish the node's view in ``directory``, until a stop signal or a peer's BYE (either
     writes to the pipe ``wake``); ``fanfs stats DIRECTORY`` answers meanwhile (with the node's own reads:
     none, its in-process readers count theirs), and the hooks' commands (a lazily staged node's orders)."""
-    assert hooks.on_ready is not None and hooks.extra_stats is not None
+    assert hooks.on_ready is not None and hooks.extra_stats is not None and hooks.counters is not None
+    server: PeerServer | None = end.server
+    assert server is not None
     wake_r, wake_w = wake
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: os.write(wake_w, b"s"))  # a write only: no lock in a handler
     store = node.store
 
-    def counters() -> Counters:
-        assert node.client is not None
-        return {**store.stats.as_dict(), **node.client.counters(),
-                **(node.share.local.counters() if isinstance(node.share, LazyShare) else {})}
-
     def answer_stats(message: dict[str, Any]) -> dict[str, Any]:
-        summed = counters()
+        summed = {**store.stats.as_dict(), **hooks.counters()}  # type: ignore[misc]
         return {"store": store.root, "node_dir": directory, **plan.options.mount.presentation, "workers": 1,
                 "reads_by_process": [summed["reads"]], **summed, **hooks.extra_stats(summed)}  # type: ignore[misc]
 
@@ -221,7 +209,7 @@ def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, key: NodeK
     try:
         server.start()
         control.start()
-        publish(directory, key, {"store": plan.store_root, "store_id": store.meta["store_id"], "rank": plan.rank,
+        publish(directory, end.key, {"store": plan.store_root, "store_id": store.meta["store_id"], "rank": plan.rank,
                                  "replicas": plan.options.replicas, "local_dir": plan.options.local_dir,
                                  "stage": plan.options.stage, "capacity": plan.options.capacity,
                                  "staged": dict(plan.staged), "endpoints": plan.endpoints,

@@ -1,0 +1,152 @@
+"""How a node gets its blobs: the cache's one entry for whoever starts a node (a job's rank and its serving daemon,
+a node mounting alone, an in-process reader of a node's view).
+
+Three steps, each a call (after :func:`check_local_dir`): :func:`ready_copies` before the node serves (stage now, ``--stage``; nothing yet, ``--stage
+lazy``; or the copies a ``fanfs stage`` left, checked), :func:`node_store` to read (the node's staged shards or lazy
+cache first, then the peers holding the other blobs, then the shared store for what no node holds), and
+:class:`CacheHooks`, what the node's mount adds for its cache (the figures, a lazy cache's counters, and its
+prefetcher with the command that gives it an order).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError
+from ..records import Presentation, blobs_read
+from ..store import Store
+from ..store.format import shard_name
+from ..store.index import Index
+from ..peers.peer import PeerClient, RemoteBlobs, StagedBlobs, remote_sources
+from ..peers.placement import Placement, place
+from ..peers.world import World
+from ..util.runtime import private_dir
+from .lazy import FirstHolderFirst, LazyShare, cached_is_local, lazy_share, lazy_stats
+from .prefetch import Prefetcher, follow_orders
+from .stage import LOCAL_DIR_REMEDY, StagedShare, held_parts, stage, staged_presentation, staged_share, staged_stats
+
+log = logging.getLogger("fanfs")
+
+
+def check_local_dir(local_dir: str) -> None:
+    """The node's local directory, if it exists (staging makes it), is safe to use: nobody else can write it (they
+    could replace the copies)."""
+    if os.path.lexists(local_dir):
+        private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
+
+
+def ready_copies(store_root: str, local_dir: str, how: str, replicas: int, world: World, index: Index,
+                 presentation: Presentation, *, alone: bool) -> Presentation:
+    """Make this node's local copies ready to serve (collective when staging, ``how`` "full"); the presentation they
+    hold (``how`` "lazy": the one whose blobs the cache keeps first).  Staged copies of this node missing or short
+    (a staging cut short, a disk wiped): an error for a node ``alone``, whose blobs nothing else holds; in a job a
+    warning, their reads going to the replicas."""
+    if how == "lazy":
+        return presentation
+    if how:
+        report = stage(store_root, local_dir, replicas, world, index, presentation=presentation)
+        if report is not None:
+            print(report.format(), flush=True)
+        staged = presentation
+    else:
+        staged = staged_presentation(local_dir, index.meta["store_id"]) or Presentation()
+    placement = place(index.blob_stored, world.size, replicas)
+    missing = missing_shards(local_dir, placement, world.rank, index, blobs_read(index, staged))
+    if missing and alone:
+        raise StoreError(f"{local_dir}: {len(missing)} of the store's shards are missing or incomplete "
+                         f"(first: {shard_name(missing[0])}): run 'fanfs stage' or mount with --stage")
+    if missing:
+        log.warning("%s: %d shard copies of this node are missing or incomplete (first: %s); their reads go "
+                    "to replicas", local_dir, len(missing), shard_name(missing[0]))
+    return staged
+
+
+def missing_shards(directory: str, placement: Placement, rank: int, index: Index, staged: np.ndarray) -> list[int]:
+    """Shards of which this node holds staged blobs but has no local copy of full size."""
+    missing = []
+    for part in held_parts(index, placement, rank, staged):
+        try:
+            if os.stat(os.path.join(directory, shard_name(part.shard))).st_size == int(index.shard_size[part.shard]):
+                continue
+        except FileNotFoundError:
+            pass
+        missing.append(part.shard)
+    return missing
+
+
+@dataclass
+class NodeStore:
+    """A node's store, and the parts of it a node's figures are made of."""
+
+    store: Store
+    share: StagedShare
+    remotes: list[RemoteBlobs]
+    placement: Placement
+    client: PeerClient | None
+
+
+def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: int, local_dir: str,
+               staged: Presentation, client: PeerClient | None, cache_size: int, *, lazy: bool = False,
+               capacity: int | None = None, owner: bool = False) -> NodeStore:
+    """Node ``rank``'s store: the blobs placement gives it from ``local_dir`` (staged at ``staged``), the others from
+    their holders through ``client`` (None: a node alone), layers no node staged from the shared store.  ``lazy``:
+    ``local_dir`` is a cache the node fills as it reads, within ``capacity`` (:mod:`.lazy`; ``staged`` is the
+    presentation whose blobs it keeps first, every blob not kept is read through); ``owner``: built by the node's
+    serving daemon, not by an in-process reader."""
+    placement = place(index.blob_stored, nodes, replicas)
+    first, count = index.first, index.count
+    share: StagedShare
+    if lazy:
+        share = lazy_share(store_root, local_dir, index, placement, rank, staged, capacity, owner)
+        assert share.plan is not None and share.cache is not None
+        remotes = remote_sources(client, placement, share.plan, mine=share.local.held) if client else []
+        if client:
+            share.local.shared = FirstHolderFirst(share.shared, client, placement, share.plan, index.blob_checksum)
+        is_local = cached_is_local(lambda: store, share.cache)
+    else:
+        share = staged_share(store_root, local_dir, index, staged, placement.held(rank))
+        remotes = remote_sources(client, placement, StagedBlobs(share.staged)) if client else []
+
+        def is_local(entry: int, view: int) -> bool:  # the staged layers of this node serve it
+            return placement.holds_range(rank, int(first[entry]), int(count[entry])) \
+                and store.kind(entry).reads_within(view, store.view(entry, staged))
+
+    store = Store(store_root, cache_size=cache_size, sources=[share.local, *remotes, share.shared],
+                  check_shards=False, index=index, is_local=is_local)
+    return NodeStore(store, share, remotes, placement, client)
+
+
+class CacheHooks:
+    """What a node's mount adds for its cache (the serving daemon's, never an in-process reader's): the figures of
+    its share for ``fanfs stats``; for a lazy cache, its counters (kept in each serving process) and its prefetcher,
+    given an order by the control command ``order`` and the presentation shown as it is switched."""
+
+    def __init__(self, node: NodeStore, presentation: Presentation, mountpoint: str) -> None:
+        self.share = node.share
+        self.prefetcher: Prefetcher | None = None
+        self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+        if isinstance(self.share, LazyShare):
+            self.prefetcher, self.commands = follow_orders(node.store, self.share, node.remotes, presentation,
+                                                           mountpoint)
+
+    def stats(self, counters: dict[str, Any]) -> dict[str, Any]:
+        share = self.share
+        return {**staged_stats(share, counters["by_source"]),
+                **(lazy_stats(share, counters, self.prefetcher) if isinstance(share, LazyShare) else {})}
+
+    def counters(self) -> dict[str, Any]:
+        return self.share.local.counters() if isinstance(self.share, LazyShare) else {}
+
+    def present(self, presentation: Presentation) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.presentation = presentation
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
