@@ -48,6 +48,7 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     from ..cluster.batch import JobSettings, run_job
     from ..cluster.job import LOCAL_VARIABLE, MNT_VARIABLE
     from ..records import parse_all, settings
+    from ..util.deadline import store_timeout
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
     replicas = args.replicas or int(os.environ.get("FANFS_REPLICAS") or (2 if nodes > 1 else 1))
@@ -58,6 +59,7 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     if text and not (text.isdigit() and int(text) > 0):
         raise UsageError(f"FANFS_WORKERS must be a positive whole number, not {text!r}")
     workers = args.workers or (int(text) if text else None)
+    store_timeout()  # a bad FANFS_STORE_TIMEOUT: one line here, not one per node
     mount = os.environ.get("FANFS_MOUNT", "").strip() or "1"
     if mount not in ("0", "1"):
         raise UsageError(f"FANFS_MOUNT must be 1 (mount) or 0 (serve without a mount), not {mount!r}")

@@ -358,24 +358,32 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
         if "busy" in reason.lower():
             reason += "; close the files open under it, or use --lazy"
         raise StoreError(f"cannot unmount {mountpoint}: {reason}")
-    if pid is not None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.02)
-        if _alive(pid) and not lazy:  # lazily, files still open keep it serving them: it ends with the last
-            raise StoreError(f"unmounted {mountpoint}, but its daemon (pid {pid}) has not ended after {timeout:g} s "
-                             f"and holds the mount point (see {control.log_path(mountpoint)}): 'kill {pid}'")
+    if pid is None or _ended(pid, timeout) or lazy:  # lazily, files still open keep it serving: it ends with the last
+        return True
+    try:
+        os.kill(pid, signal.SIGKILL)  # stuck (on its store?): unmounted, it serves nobody; a lazy cache resumes after a kill
+    except ProcessLookupError:
+        return True
+    if not _ended(pid, 5):  # a killed process ends at once, unless it waits in the kernel
+        raise StoreError(f"unmounted {mountpoint}, but its daemon (pid {pid}) did not end in {timeout:g} s nor when "
+                         "killed: it waits in the kernel on a file system that does not answer (its store's?), and ends "
+                         f"when that answers (see {control.log_path(mountpoint)})")
+    log.warning("unmounted %s; its daemon (pid %d), not ended in %g s, was killed", mountpoint, pid, timeout)
     return True
 
 
-def _alive(pid: int) -> bool:
-    if not pid_alive(pid):
-        return False
-    try:  # a zombie child of ours counts as gone
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return True
+def _ended(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds  # a zombie child of ours has ended
+    while pid_alive(pid):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return True
+        except ChildProcessError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def wait_ready(mountpoint: str, timeout: float) -> dict:

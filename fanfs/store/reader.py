@@ -75,7 +75,7 @@ class Store:
                  is_local: Callable[[int, int], bool] | None = None) -> None:
         """``index``: the store's index already loaded (a cluster node receives it broadcast).
         ``is_local(entry, view)``: whether the blobs a file reads at ``view`` are all on this node (a job
-        node's placement and staged layers); by default every file's are."""
+        node's placement and staged layers); by default every file's are, unless the store is on a network file system."""
         self.root = root
         if not os.path.isdir(root):
             raise StoreError(f"{root}: no such store directory")
@@ -88,8 +88,12 @@ class Store:
             self.codecs: list[Codec] = [codec_from_config(c, self.index.dictionaries) for c in meta["codecs"]]
         except CodecError as err:
             raise StoreError(f"{root}: {err}") from None
-        self.sources: list[ShardSource] = list(sources) if sources is not None else [
-            LocalShards(os.path.join(root, SHARD_DIR), self.id)]
+        if sources is None:
+            shards = LocalShards(os.path.join(root, SHARD_DIR), self.id)
+            sources = [shards]
+            if is_local is None and shards.deadline is not None:
+                is_local = _on_a_server  # a network file system's: its reads are never made in a FUSE loop
+        self.sources: list[ShardSource] = list(sources)
         if check_shards:
             self.check_shards()
         self.cache = BlobCache(cache_size)
@@ -334,12 +338,21 @@ class Store:
         for source in self.sources:
             source.after_fork()
 
+    def stop_waiting(self) -> None:
+        """The mount is ending: reads waiting on a stalled source give up now (EIO), so that its daemon ends."""
+        for source in self.sources:
+            source.stop_waiting()
+
     def close(self) -> None:
         _OPEN.discard(self)
         if self.extents is not None:
             self.extents.close()
         for source in self.sources:
             source.close()
+
+
+def _on_a_server(entry: int, view: int) -> bool:
+    return False
 
 
 _OPEN: weakref.WeakSet[Store] = weakref.WeakSet()

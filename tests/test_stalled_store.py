@@ -1,0 +1,131 @@
+"""Issue 35.5: a stalled shared store never blocks a read longer than ``--store-timeout``.
+
+The store lives on a real network-like file system that can be frozen: a squashfs image of it served by
+``squashfuse_ll`` (FUSE, as sshfs is), which SIGSTOP stops answering, so that every read of a shard not in the page
+cache waits in the kernel, as reads did on sshfs with its server stopped (> 120 s each).  A plain mount and a lazily
+staged one are read from other processes while it is frozen: an uncached read fails with EIO (a hang would be caught
+by the reader's timeout), logged in one line naming the file and the store; ``fanfs umount`` succeeds, frozen; and
+once it answers again, the same mount reads it again.  The frozen process is resumed before anything is unmounted,
+whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from fanfs_command import daemon_pids, fanfs, force_unmount, mounted
+
+from fanfs.serve.control import log_path
+from fanfs.util import mounts
+
+pytestmark = pytest.mark.skipif(not (shutil.which("squashfuse_ll") and shutil.which("mksquashfs")),
+                                reason="needs squashfuse and squashfs-tools (tools/setup --test installs them)")
+TIMEOUT = "1"  # seconds a read may wait on the frozen store
+FILES = 6
+
+
+class FreezableStore:
+    """A store on squashfuse_ll, whose process can be stopped (frozen) and continued."""
+
+    def __init__(self, base: Path, rng: random.Random) -> None:
+        src = base / "src"
+        src.mkdir()
+        self.data = {f"f{i}.bin": rng.randbytes(300_000) for i in range(FILES)}  # a file per shard: none in another's pages
+        for name, data in self.data.items():
+            (src / name).write_bytes(data)
+        fanfs("pack", src, base / "store", "--shard-size", "256K", "--quiet")
+        subprocess.run(["mksquashfs", base / "store", base / "store.sqfs", "-quiet", "-noappend", "-no-progress"],
+                       check=True, capture_output=True)
+        self.path = base / "frozen"
+        self.path.mkdir()
+        self.server = subprocess.Popen(["squashfuse_ll", "-f", base / "store.sqfs", self.path])
+        while not mounts.mounted(self.path):
+            assert self.server.poll() is None, "squashfuse_ll did not start"
+            time.sleep(0.02)
+
+    def freeze(self) -> None:
+        os.kill(self.server.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.server.pid, signal.SIGCONT)
+
+    def read(self, path: Path) -> bytes | str:
+        """What a reader process gets: the bytes, or "EIO"; a reader that hangs fails the test (thawed first: its read
+        waits in the kernel until the mount answers it, which waits on this store)."""
+        reader = subprocess.Popen(["cat", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = reader.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.thaw()
+            reader.kill()
+            reader.communicate()
+            raise AssertionError(f"a read of {path} hung on the frozen store") from None
+        if reader.returncode:
+            assert b"Input/output error" in err, err
+            return "EIO"
+        return out
+
+    def close(self) -> None:
+        self.thaw()
+        subprocess.run(["fusermount3", "-u", self.path], capture_output=True)
+        force_unmount(self.path)
+        self.server.terminate()
+        self.server.wait()
+
+
+@pytest.fixture
+def frozen(tmp_path):
+    store = FreezableStore(tmp_path, random.Random(35))
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def umount_frozen(mnt: Path) -> None:
+    """``fanfs umount`` while the store is frozen: it succeeds, and no daemon is left."""
+    pids = daemon_pids(mnt)
+    assert pids
+    done = fanfs("umount", mnt, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "killed" not in done.stderr  # the daemon ended by itself, stalled store or not
+    assert not mounts.mounted(mnt)
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+
+
+def eio_lines(mnt: Path) -> list[str]:
+    return [line for line in Path(log_path(mnt)).read_text().splitlines() if " EIO " in line]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["plain", "lazy"])
+def test_a_frozen_store_answers_eio_in_time_unmounts_and_recovers(frozen, tmp_path, stage):
+    lazy = ("--local-dir", tmp_path / "local", "--stage", "lazy") if stage == "lazy" else ()
+    with mounted(frozen.path, tmp_path / "mnt", "--store-timeout", TIMEOUT, "--workers", "1", *lazy) as mnt:
+        try:
+            assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]
+            frozen.freeze()
+            assert frozen.read(mnt / "f4.bin") == "EIO"  # waited on for --store-timeout
+            assert frozen.read(mnt / "f5.bin") == "EIO"  # at once: known to be stalled
+            assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]  # what is cached or kept locally is served still
+            [line] = [line for line in eio_lines(mnt) if "f4.bin" in line]
+            assert f"{frozen.path}/shards/" in line and "no answer within 1 s" in line, line
+            frozen.thaw()
+            for name in ("f5.bin", "f4.bin", "f3.bin"):  # the same mount reads the store again
+                got = frozen.read(mnt / name)
+                while got == "EIO":  # the reads it gave up on, still in the kernel, may not have returned yet
+                    time.sleep(0.1)
+                    got = frozen.read(mnt / name)
+                assert got == frozen.data[name]
+            frozen.freeze()
+            assert frozen.read(mnt / "f2.bin") == "EIO"
+            umount_frozen(mnt)
+        finally:
+            frozen.thaw()  # before the mount's cleanup unmounts it
