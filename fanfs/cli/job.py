@@ -34,6 +34,9 @@ settings (environment; the options of 'job run' win):
                   once and a node copies a blob the first time it (or a peer) reads it
   FANFS_CAPACITY  with FANFS_STAGE=lazy: local disk each node's cache may take (e.g. 200G); a store whose share
                   does not fit is accepted, the rest is read through from the shared store (default: no limit)
+  FANFS_STORE_TIMEOUT
+                  seconds a read waits on a store on a network file system (NFS, sshfs, Lustre...) before it
+                  fails with EIO, the store being stalled (default 30; 0: for ever)
 {settings}"""
 
 
