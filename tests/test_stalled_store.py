@@ -5,8 +5,9 @@ The store lives on a real network-like file system that can be frozen: a squashf
 cache waits in the kernel, as reads did on sshfs with its server stopped (> 120 s each).  A plain mount and a lazily
 staged one are read from other processes while it is frozen: an uncached read fails with EIO (a hang would be caught
 by the reader's timeout), logged in one line naming the file and the store; ``fanfs umount`` succeeds, frozen; and
-once it answers again, the same mount reads it again.  The frozen process is resumed before anything is unmounted,
-whatever happens.
+once it answers again, the same mount reads it again.  A daemon told to wait for ever (``--store-timeout 0``), stuck,
+is killed by ``fanfs umount`` after its grace.  The frozen process is resumed before anything is unmounted, whatever
+happens.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pytest
 from fanfs_command import daemon_pids, fanfs, force_unmount, mounted
+
+from support.processes import kernel_state, stop
 
 from fanfs.serve.control import log_path
 from fanfs.util import mounts
@@ -51,7 +54,7 @@ class FreezableStore:
             time.sleep(0.02)
 
     def freeze(self) -> None:
-        os.kill(self.server.pid, signal.SIGSTOP)
+        stop(self.server.pid)
 
     def thaw(self) -> None:
         os.kill(self.server.pid, signal.SIGCONT)
@@ -129,3 +132,26 @@ def test_a_frozen_store_answers_eio_in_time_unmounts_and_recovers(frozen, tmp_pa
             umount_frozen(mnt)
         finally:
             frozen.thaw()  # before the mount's cleanup unmounts it
+
+
+@pytest.mark.slow
+def test_umount_kills_a_daemon_stuck_on_its_store(frozen, tmp_path):
+    """``--store-timeout 0`` (wait for ever): the FUSE loop itself waits in the frozen store's ``pread``, for a read
+    the kernel asked ahead (no file is open).  ``fanfs umount`` still succeeds: its grace over, it kills the daemon,
+    and nothing is left."""
+    with mounted(frozen.path, tmp_path / "mnt", "--store-timeout", "0", "--workers", "1") as mnt:
+        try:
+            frozen.freeze()
+            fd = os.open(mnt / "f4.bin", os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            os.close(fd)
+            pids = daemon_pids(mnt)
+            while not any("request_wait_answer" in kernel_state(pid) for pid in pids):  # its loop waits on the store
+                time.sleep(0.05)
+            done = fanfs("umount", mnt, check=False, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert "was killed" in done.stderr
+            assert not mounts.mounted(mnt)
+            assert pids and not [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+        finally:
+            frozen.thaw()
