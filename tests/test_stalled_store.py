@@ -40,7 +40,8 @@ class FreezableStore:
     def __init__(self, base: Path, rng: random.Random) -> None:
         src = base / "src"
         src.mkdir()
-        self.data = {f"f{i}.bin": rng.randbytes(300_000) for i in range(FILES)}  # a file per shard: none in another's pages
+        # a file per shard: no file's bytes in the kernel's pages of another's
+        self.data = {f"f{i}.bin": rng.randbytes(300_000) for i in range(FILES)}
         for name, data in self.data.items():
             (src / name).write_bytes(data)
         fanfs("pack", src, base / "store", "--shard-size", "256K", "--quiet")
@@ -117,7 +118,7 @@ def test_a_frozen_store_answers_eio_in_time_unmounts_and_recovers(frozen, tmp_pa
             frozen.freeze()
             assert frozen.read(mnt / "f4.bin") == "EIO"  # waited on for --store-timeout
             assert frozen.read(mnt / "f5.bin") == "EIO"  # at once: known to be stalled
-            assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]  # what is cached or kept locally is served still
+            assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]  # what is cached or kept is served still
             [line] = [line for line in eio_lines(mnt) if "f4.bin" in line]
             assert f"{frozen.path}/shards/" in line and "no answer within 1 s" in line, line
             frozen.thaw()

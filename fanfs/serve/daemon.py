@@ -361,13 +361,13 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     if pid is None or _ended(pid, timeout) or lazy:  # lazily, files still open keep it serving: it ends with the last
         return True
     try:
-        os.kill(pid, signal.SIGKILL)  # stuck (on its store?): unmounted, it serves nobody; a lazy cache resumes after a kill
+        os.kill(pid, signal.SIGKILL)  # stuck (on its store?): unmounted, it serves nobody; a lazy cache resumes
     except ProcessLookupError:
         return True
     if not _ended(pid, 5):  # a killed process ends at once, unless it waits in the kernel
         raise StoreError(f"unmounted {mountpoint}, but its daemon (pid {pid}) did not end in {timeout:g} s nor when "
-                         "killed: it waits in the kernel on a file system that does not answer (its store's?), and ends "
-                         f"when that answers (see {control.log_path(mountpoint)})")
+                         "killed: it waits in the kernel on a file system that does not answer (its store's?), and "
+                         f"ends when that answers (see {control.log_path(mountpoint)})")
     log.warning("unmounted %s; its daemon (pid %d), not ended in %g s, was killed", mountpoint, pid, timeout)
     return True
 

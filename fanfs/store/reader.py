@@ -75,7 +75,8 @@ class Store:
                  is_local: Callable[[int, int], bool] | None = None) -> None:
         """``index``: the store's index already loaded (a cluster node receives it broadcast).
         ``is_local(entry, view)``: whether the blobs a file reads at ``view`` are all on this node (a job
-        node's placement and staged layers); by default every file's are, unless the store is on a network file system."""
+        node's placement and staged layers); by default every file's are, unless the store is on a network file
+        system."""
         self.root = root
         if not os.path.isdir(root):
             raise StoreError(f"{root}: no such store directory")

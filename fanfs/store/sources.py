@@ -14,8 +14,8 @@ import threading
 import numpy as np
 
 from ..errors import NotHeld, StoreError
-from ..util.files import open_regular
 from ..util.deadline import deadline_for
+from ..util.files import open_regular
 from .format import SHARD_HEADER, check_shard_header, shard_name
 
 __all__ = ["NotHeld", "ShardSource", "LocalShards", "HeldShards", "reopen"]
@@ -66,8 +66,8 @@ class LocalShards(ShardSource):
     its header checked against the store, and kept open.  ``scattered``: reads will be single blobs here and
     there (a cache's fills and read-throughs), so the kernel reads no further ahead than asked: on a network
     file system its read-ahead would fetch bytes nobody reads.  On a network file system, every read (and open) is
-    waited on for ``--store-timeout`` at most (:mod:`fanfs.util.deadline`), and no blob is read in place: a splice from a
-    stalled file would wait with no deadline.
+    waited on for ``--store-timeout`` at most (:mod:`fanfs.util.deadline`), and no blob is read in place: a splice
+    from a stalled file would wait with no deadline.
     """
 
     def __init__(self, directory: str, store_id: bytes, scattered: bool = False) -> None:

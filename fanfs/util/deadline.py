@@ -160,7 +160,7 @@ class Deadline:
                     self._stalled_since = None
 
     def stop(self) -> None:
-        """The mount is ending: calls waiting give up now, and later ones fail at once (its daemon ends, stalled or not)."""
+        """The mount is ending: calls waiting give up now, later ones fail at once (its daemon ends, stalled or not)."""
         with self._lock:
             self._stopped = True
             for call in self._waiting:
