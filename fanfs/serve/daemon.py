@@ -9,6 +9,7 @@ removes its log.  Stopping: ``fanfs umount`` (:func:`fanfs.util.mounts.unmount`)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,7 +26,7 @@ from ..store.format import INDEX_NAME, SHARD_DIR
 from ..util.mounts import mounted, unmount
 from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
-from ..util.workers import pid_alive
+from ..util.workers import thread_states, wait_ended
 from . import control
 from .readahead import READAHEAD
 
@@ -358,31 +359,18 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
         if "busy" in reason.lower():
             reason += "; close the files open under it, or use --lazy"
         raise StoreError(f"cannot unmount {mountpoint}: {reason}")
-    if pid is None or _ended(pid, timeout) or lazy:  # lazily, files still open keep it serving: it ends with the last
-        return True
-    try:
-        os.kill(pid, signal.SIGKILL)  # stuck (on its store?): unmounted, it serves nobody; a lazy cache resumes
-    except ProcessLookupError:
-        return True
-    if not _ended(pid, 5):  # a killed process ends at once, unless it waits in the kernel
-        raise StoreError(f"unmounted {mountpoint}, but its daemon (pid {pid}) did not end in {timeout:g} s nor when "
-                         "killed: it waits in the kernel on a file system that does not answer (its store's?), and "
-                         f"ends when that answers (see {control.log_path(mountpoint)})")
-    log.warning("unmounted %s; its daemon (pid %d), not ended in %g s, was killed", mountpoint, pid, timeout)
-    return True
-
-
-def _ended(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds  # a zombie child of ours has ended
-    while pid_alive(pid):
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                return True
-        except ChildProcessError:
-            pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
+    # lazily, files still open keep it serving: it ends with the last
+    if pid is not None and not wait_ended(pid, timeout) and not lazy:
+        with contextlib.suppress(ProcessLookupError):  # stuck (on its store?): unmounted, it serves nobody
+            os.kill(pid, signal.SIGKILL)  # (a lazy cache resumes after a kill)
+        if not wait_ended(pid, 5):  # a killed process ends at once, unless it waits in the kernel
+            raise StoreError(f"unmounted {mountpoint}, but its daemon (pid {pid}) did not end in {timeout:g} s nor "
+                             "when killed: it waits in the kernel on a file system that does not answer (its "
+                             f"store's?), and ends when that answers (see {control.log_path(mountpoint)})")
+        log.warning("unmounted %s; its daemon (pid %d), not ended in %g s, was killed", mountpoint, pid, timeout)
+    if pid is not None and b"D" in thread_states(pid).values():
+        log.warning("unmounted %s; its daemon (pid %d) has exited, but threads of it wait in the kernel on a file "
+                    "system that does not answer (its store's?): they go when it answers", mountpoint, pid)
     return True
 
 
