@@ -1,17 +1,19 @@
 """Issue 35.5: a stalled shared store never blocks a read longer than ``--store-timeout``.
 
-The store lives on a real network-like file system that can be frozen: a squashfs image of it served by
-``squashfuse_ll`` (FUSE, as sshfs is), which SIGSTOP stops answering, so that every read of a shard not in the page
-cache waits in the kernel, as reads did on sshfs with its server stopped (> 120 s each).  A plain mount and a lazily
-staged one are read from other processes while it is frozen: an uncached read fails with EIO (a hang would be caught
-by the reader's timeout), logged in one line naming the file and the store; ``fanfs umount`` succeeds, frozen; and
-once it answers again, the same mount reads it again.  A daemon told to wait for ever (``--store-timeout 0``), stuck,
-is killed by ``fanfs umount`` after its grace.  The frozen process is resumed before anything is unmounted, whatever
-happens.
+The store lives on a real network file system that can be frozen: ``sshfs`` to an SFTP server (the very
+``sftp-server`` sshd runs, on a pipe, with no network), which SIGSTOP stops answering, as in the issue (uncached reads
+blocked > 120 s each); sshfs has then taken a read's request, so its reader waits in the kernel uninterruptibly.  A
+plain mount and a lazily staged one are read from other processes while it is frozen: an uncached read fails with
+EIO (a hang would be caught by the reader's timeout), logged in one line naming the file and the store; ``fanfs
+umount`` succeeds, frozen; and once it answers again, the same mount reads it again.  A daemon told to wait for ever
+(``--store-timeout 0``), stuck, is killed by ``fanfs umount`` after its grace: on ``squashfuse_ll`` stopped with
+SIGSTOP (a FUSE server that has taken no request: the wait can be killed).  The frozen process is resumed before
+anything is unmounted, whatever happens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -28,37 +30,53 @@ from support.processes import kernel_state, stop
 from fanfs.serve.control import log_path
 from fanfs.util import mounts
 
-pytestmark = pytest.mark.skipif(not (shutil.which("squashfuse_ll") and shutil.which("mksquashfs")),
-                                reason="needs squashfuse and squashfs-tools (tools/setup --test installs them)")
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 TIMEOUT = "1"  # seconds a read may wait on the frozen store
 FILES = 6
 
 
 class FreezableStore:
-    """A store on squashfuse_ll, whose process can be stopped (frozen) and continued."""
+    """A store on a FUSE file system whose server process can be stopped (frozen) and continued: ``sshfs`` (to an
+    sftp-server on a pipe) or ``squashfuse_ll`` (of a squashfs image)."""
 
-    def __init__(self, base: Path, rng: random.Random) -> None:
+    def __init__(self, base: Path, kind: str) -> None:
+        needs = {"sshfs": ("sshfs", SFTP_SERVER), "squashfuse": ("squashfuse_ll", "mksquashfs")}[kind]
+        if not all(shutil.which(tool) for tool in needs):
+            pytest.skip(f"needs {' and '.join(needs)} (tools/setup --test installs them)")
         src = base / "src"
         src.mkdir()
         # a file per shard: no file's bytes in the kernel's pages of another's
+        rng = random.Random(35)
         self.data = {f"f{i}.bin": rng.randbytes(300_000) for i in range(FILES)}
         for name, data in self.data.items():
             (src / name).write_bytes(data)
         fanfs("pack", src, base / "store", "--shard-size", "256K", "--quiet")
-        subprocess.run(["mksquashfs", base / "store", base / "store.sqfs", "-quiet", "-noappend", "-no-progress"],
-                       check=True, capture_output=True)
+        self.base, self.kind, self.fuse, self.server = base, kind, None, 0
         self.path = base / "frozen"
         self.path.mkdir()
-        self.server = subprocess.Popen(["squashfuse_ll", "-f", base / "store.sqfs", self.path])
+
+    def start(self) -> None:
+        base = self.base
+        if self.kind == "sshfs":
+            server = base / "sftp"  # sshfs runs it as its ssh command: the server on a pipe (its pid said)
+            server.write_text(f"#!/bin/sh\necho $$ > {base / 'sftp.pid'}\nexec {SFTP_SERVER}\n")
+            server.chmod(0o700)
+            command = ["sshfs", "-f", "-o", f"ssh_command={server}", f"localhost:{base / 'store'}", self.path]
+        else:
+            subprocess.run(["mksquashfs", base / "store", base / "store.sqfs", "-quiet", "-noappend", "-no-progress"],
+                           check=True, capture_output=True)
+            command = ["squashfuse_ll", "-f", base / "store.sqfs", self.path]
+        self.fuse = subprocess.Popen(command)
         while not mounts.mounted(self.path):
-            assert self.server.poll() is None, "squashfuse_ll did not start"
+            assert self.fuse.poll() is None, f"{command[0]} did not start"
             time.sleep(0.02)
+        self.server = int((base / "sftp.pid").read_text()) if self.kind == "sshfs" else self.fuse.pid
 
     def freeze(self) -> None:
-        stop(self.server.pid)
+        stop(self.server)
 
     def thaw(self) -> None:
-        os.kill(self.server.pid, signal.SIGCONT)
+        os.kill(self.server, signal.SIGCONT)
 
     def read(self, path: Path) -> bytes | str:
         """What a reader process gets: the bytes, or "EIO"; a reader that hangs fails the test (thawed first: its read
@@ -77,36 +95,44 @@ class FreezableStore:
         return out
 
     def close(self) -> None:
-        self.thaw()
+        if self.server:
+            self.thaw()
         subprocess.run(["fusermount3", "-u", self.path], capture_output=True)
         force_unmount(self.path)
-        self.server.terminate()
-        self.server.wait()
+        if self.fuse is not None:
+            self.fuse.terminate()
+            self.fuse.wait()
+        if self.server != getattr(self.fuse, "pid", 0):  # sshfs's server (not its child: it ends with its pipe)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.server, signal.SIGTERM)
 
 
 @pytest.fixture
-def frozen(tmp_path):
-    store = FreezableStore(tmp_path, random.Random(35))
+def frozen(tmp_path, request):
+    store = FreezableStore(tmp_path, getattr(request, "param", "sshfs"))
     try:
+        store.start()
         yield store
     finally:
         store.close()
 
 
-def umount_frozen(mnt: Path) -> None:
-    """``fanfs umount`` while the store is frozen: it succeeds, and no daemon is left."""
+def umount_frozen(mnt: Path) -> list[int]:
+    """``fanfs umount`` while the store is frozen: it succeeds and the mount is gone; the daemon has ended (but for
+    threads that wait in the kernel on sshfs, which go once it answers); returns its pids."""
     pids = daemon_pids(mnt)
     assert pids
     done = fanfs("umount", mnt, check=False, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "killed" not in done.stderr  # the daemon ended by itself, stalled store or not
+    assert "threads of it wait in the kernel" in done.stderr
     assert not mounts.mounted(mnt)
-    gone(pids)
+    return pids
 
 
 def gone(pids: list[int]) -> None:
-    """Wait until the processes are gone (the frozen store's threads, killed, leave the kernel in a moment; a process
-    that stays is the pytest timeout's)."""
+    """Wait until the processes are gone (their threads leave the kernel once the store answers, or in a moment once
+    killed; a process that stays is the pytest timeout's)."""
     assert pids
     while [pid for pid in pids if os.path.exists(f"/proc/{pid}")]:
         time.sleep(0.02)
@@ -138,12 +164,14 @@ def test_a_frozen_store_answers_eio_in_time_unmounts_and_recovers(frozen, tmp_pa
                 assert got == frozen.data[name]
             frozen.freeze()
             assert frozen.read(mnt / "f2.bin") == "EIO"
-            umount_frozen(mnt)
+            pids = umount_frozen(mnt)
         finally:
             frozen.thaw()  # before the mount's cleanup unmounts it
+    gone(pids)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("frozen", ["squashfuse"], indirect=True)
 def test_umount_kills_a_daemon_stuck_on_its_store(frozen, tmp_path):
     """``--store-timeout 0`` (wait for ever): the FUSE loop itself waits in the frozen store's ``pread``, for a read
     the kernel asked ahead (no file is open).  ``fanfs umount`` still succeeds: its grace over, it kills the daemon,
