@@ -19,6 +19,7 @@ import random
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from support.processes import kernel_state, stop
 
 from fanfs.serve.control import log_path
 from fanfs.store import Store
+from fanfs.util import deadline
+from fanfs.util.deadline import Deadline, Stalled
 from fanfs.util import mounts
 
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
@@ -219,3 +222,47 @@ def test_umount_kills_a_daemon_stuck_on_its_store(frozen, tmp_path):
             gone(pids)
         finally:
             frozen.thaw()
+
+
+def test_reads_fail_at_once_while_stalled_but_a_probe_each_timeout_and_none_past_the_cap(monkeypatch):
+    """The deadline itself, on real blocking reads: a pipe nobody writes to, as a stalled server's file."""
+    monkeypatch.setattr(deadline, "STUCK", 2)
+    reads = Deadline("a pipe", 0.2)
+    stalled, writer = os.pipe()
+    try:
+        with pytest.raises(Stalled, match="no answer within 0.2 s"):
+            reads.run("p", os.read, stalled, 1)
+        with pytest.raises(Stalled, match=r"not read: its file system is stalled \(1 reads unanswered"):
+            reads.run("p", os.read, stalled, 1)  # at once: within a timeout of the last one given up on
+        time.sleep(0.2)
+        with pytest.raises(Stalled, match="no answer within"):  # a probe, a timeout later
+            reads.run("p", os.read, stalled, 1)
+        time.sleep(0.2)
+        with pytest.raises(Stalled, match=r"stalled \(2 reads unanswered"):  # the cap: no more threads to wait
+            reads.run("p", os.read, stalled, 1)
+        os.write(writer, b"abc")  # it answers: the stuck reads return, and reads go to it again
+        while (got := _read_or_none(reads, stalled)) is None:
+            time.sleep(0.01)
+        assert len(got) == 1
+
+        ending, outcome = Deadline("a pipe", 600), []
+        waiting = threading.Thread(target=lambda: outcome.append(_read_or_none(ending, stalled)))
+        waiting.start()
+        while not ending._waiting:  # admitted, and waiting on the pipe
+            time.sleep(0.01)
+        ending.stop()  # the mount ends: the read gives up now, not in 600 s
+        waiting.join()
+        assert outcome == [None]
+        with pytest.raises(Stalled, match="the mount is ending"):
+            ending.run("p", os.read, stalled, 1)
+    finally:
+        os.write(writer, b"x" * 8)  # no thread left waiting
+        os.close(writer)
+        os.close(stalled)
+
+
+def _read_or_none(reads: Deadline, fd: int) -> bytes | None:
+    try:
+        return reads.run("p", os.read, fd, 1)
+    except Stalled:
+        return None
