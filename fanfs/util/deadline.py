@@ -4,9 +4,10 @@ A ``pread`` from a network file system whose server stops answering (NFS, sshfs,
 often uninterruptibly: nothing ends it but an answer.  So such reads run on threads of their own (:class:`Deadline`);
 the reader waits at most ``seconds`` (``--store-timeout``, ``FANFS_STORE_TIMEOUT``) and gets :class:`Stalled`, an
 EIO (the store answers the read with EIO and a log line naming the file), while the thread stays in its ``pread``
-until the file system answers.  Once a read was given up on, the store is *stalled*: reads fail at once, but for one
-every ``seconds`` that probes it, and none once :data:`STUCK` threads are stuck (memory stays bounded).  The first
-answer from it (a stuck read returning at last, or a probe) ends the stall: reads go to it again, on the same mount.
+until the file system answers.  Once a read was given up on, the store is *stalled*: reads fail at once (one every
+``seconds`` is still asked, not waited for: a probe; none once :data:`STUCK` threads are stuck, so memory stays
+bounded).  The first answer from it (a stuck read returning at last, or a probe) ends the stall: reads go to it
+again, on the same mount.
 """
 
 from __future__ import annotations
@@ -109,13 +110,19 @@ class Deadline:
         file it reads, for the message)."""
         call = _Call(function, args)
         with self._lock:
-            self._admit(what)
-            self._waiting.add(call)
+            probe = self._admit(what)
+            if probe:  # asked, but not waited for
+                call.late, stalled = True, self._stalled(what)
+                self._stuck += 1
+            else:
+                self._waiting.add(call)
             if self._idle:
                 self._idle -= 1
             else:
                 threading.Thread(target=self._work, name="fanfs-store-read", daemon=True).start()
         self._calls.put(call)
+        if probe:
+            raise stalled
         call.done.wait(self.seconds)
         with self._lock:
             self._waiting.discard(call)
@@ -131,17 +138,23 @@ class Deadline:
             raise call.error
         return call.result
 
-    def _admit(self, what: str) -> None:
-        """Fail at once while stalled, but for a probe every ``seconds`` while fewer than STUCK threads are stuck."""
+    def _admit(self, what: str) -> bool:
+        """Whether a call is to be waited for (False) or only asked (True: a probe, every ``seconds`` while stalled
+        and fewer than STUCK threads are stuck); a Stalled error at once otherwise, while stalled."""
         if self._stopped:
             raise Stalled(f"{what}: not read: the mount is ending")
         if self._stalled_since is None and self._stuck < STUCK:
-            return
+            return False
         now = time.monotonic()
         if self._stuck >= STUCK or now - self._probed < self.seconds:
-            raise Stalled(f"{what}: not read: its file system is stalled ({self._stuck} reads unanswered, the first "
-                          f"asked {now - (self._stalled_since or now):.0f} s ago)")
+            raise self._stalled(what)
         self._probed = now
+        return True
+
+    def _stalled(self, what: str) -> Stalled:
+        since = time.monotonic() - (self._stalled_since or time.monotonic())
+        return Stalled(f"{what}: not read: its file system is stalled ({self._stuck} reads unanswered, the first "
+                       f"asked {since:.0f} s ago)")
 
     def _work(self) -> None:
         while True:
