@@ -2,13 +2,14 @@
 
 The store lives on a real network file system that can be frozen: ``sshfs`` to an SFTP server (the very
 ``sftp-server`` sshd runs, on a pipe, with no network), which SIGSTOP stops answering, as in the issue (uncached reads
-blocked > 120 s each); sshfs has then taken a read's request, so its reader waits in the kernel uninterruptibly.  A
-plain mount, a lazily staged one, and one staged at fidelity 1 read at full (the layers above from the store) are read from other processes while it is frozen: an uncached read fails with
-EIO (a hang would be caught by the reader's timeout), logged in one line naming the file and the store; ``fanfs
-umount`` succeeds, frozen; and once it answers again, the same mount reads it again.  A daemon told to wait for ever
-(``--store-timeout 0``), stuck, is killed by ``fanfs umount`` after its grace: on ``squashfuse_ll`` stopped with
-SIGSTOP (a FUSE server that has taken no request: the wait can be killed).  The frozen process is resumed before
-anything is unmounted, whatever happens.
+blocked > 120 s each); sshfs has then taken a read's request, so its reader waits in the kernel uninterruptibly.
+A plain mount, a lazily staged one, and one staged at fidelity 1 read at full (the layers above from the store) are
+read from other processes while it is frozen: an uncached read fails with EIO (a hang would be caught by the reader's
+timeout), logged in one line naming the file and the store; ``fanfs umount`` succeeds, frozen; and once it answers
+again, the same mount reads it again.  A daemon told to wait for ever (``--store-timeout 0``), stuck, is killed by
+``fanfs umount`` after its grace: on ``squashfuse_ll`` stopped with SIGSTOP (a FUSE server that has taken no request:
+the wait can be killed).  The frozen process is resumed before anything is unmounted, whatever happens.  The deadline
+itself is tested on a pipe nobody writes to.
 """
 
 from __future__ import annotations
@@ -158,18 +159,20 @@ def eio_lines(mnt: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["plain", "lazy"])
-def test_a_frozen_store_answers_eio_in_time_unmounts_and_recovers(frozen, tmp_path, stage):
-    lazy = ("--local-dir", tmp_path / "local", "--stage", "lazy") if stage == "lazy" else ()
-    with mounted(frozen.path, tmp_path / "mnt", "--store-timeout", TIMEOUT, "--workers", "1", *lazy) as mnt:
+@pytest.mark.parametrize("mount", ["plain", "lazy", "2 serving processes"])
+def test_a_frozen_store_answers_eio_in_time_unmounts_and_recovers(frozen, tmp_path, mount):
+    options = {"plain": ("--workers", "1"), "lazy": ("--local-dir", tmp_path / "local", "--stage", "lazy", "--workers",
+                                                     "1"), "2 serving processes": ("--workers", "2")}[mount]
+    with mounted(frozen.path, tmp_path / "mnt", "--store-timeout", TIMEOUT, *options) as mnt:
         try:
             assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]
             frozen.freeze()
             assert frozen.read(mnt / "f4.bin") == "EIO"  # waited on for --store-timeout
             assert frozen.read(mnt / "f5.bin") == "EIO"  # at once: known to be stalled
             assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]  # what is cached or kept is served still
-            [line] = [line for line in eio_lines(mnt) if "f4.bin" in line]
-            assert f"{frozen.path}/shards/" in line and "no answer within 1 s" in line, line
+            lines = [line for line in eio_lines(mnt) if "f4.bin" in line]  # one per serving process that was asked
+            assert 1 <= len(lines) <= (2 if mount == "2 serving processes" else 1), lines
+            assert f"{frozen.path}/shards/" in lines[0] and "no answer within 1 s" in lines[0], lines
             frozen.thaw()
             for name in ("f5.bin", "f4.bin", "f3.bin"):  # the same mount reads the store again
                 assert read_again(frozen, mnt / name) == frozen.data[name]
@@ -232,14 +235,14 @@ def test_reads_fail_at_once_while_stalled_but_a_probe_each_timeout_and_none_past
     try:
         with pytest.raises(Stalled, match="no answer within 0.2 s"):
             reads.run("p", os.read, stalled, 1)
-        with pytest.raises(Stalled, match=r"not read: its file system is stalled \(1 reads unanswered"):
+        with pytest.raises(Stalled, match=r"not read: its file system is stalled \(1 reads"):
             reads.run("p", os.read, stalled, 1)  # at once: within a timeout of the last one given up on
         time.sleep(0.2)
-        with pytest.raises(Stalled, match=r"stalled \(1 reads unanswered"):  # at once, but asked: a probe, a
+        with pytest.raises(Stalled, match=r"stalled \(1 reads"):  # at once, but asked: a probe, a
             reads.run("p", os.read, stalled, 1)  # timeout later, not waited for
         time.sleep(0.2)
         for _ in range(2):  # the cap: no more probes (the second would say 3)
-            with pytest.raises(Stalled, match=r"stalled \(2 reads unanswered"):
+            with pytest.raises(Stalled, match=r"stalled \(2 reads"):
                 reads.run("p", os.read, stalled, 1)
             time.sleep(0.2)
         os.write(writer, b"abc")  # it answers: the stuck reads return, and reads go to it again

@@ -26,7 +26,7 @@ from ..store.format import INDEX_NAME, SHARD_DIR
 from ..util.mounts import mounted, unmount
 from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
-from ..util.workers import thread_states, wait_ended
+from ..util.workers import exited, wait_ended
 from . import control
 from .readahead import READAHEAD
 
@@ -368,7 +368,7 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
                              "when killed: it waits in the kernel on a file system that does not answer (its "
                              f"store's?), and ends when that answers (see {control.log_path(mountpoint)})")
         log.warning("unmounted %s; its daemon (pid %d), not ended in %g s, was killed", mountpoint, pid, timeout)
-    if pid is not None and b"D" in thread_states(pid).values():
+    if pid is not None and exited(pid, held=True):
         log.warning("unmounted %s; its daemon (pid %d) has exited, but threads of it wait in the kernel on a file "
                     "system that does not answer (its store's?): they go when it answers", mountpoint, pid)
     return True

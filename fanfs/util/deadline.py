@@ -16,6 +16,7 @@ import ctypes
 import errno
 import logging
 import math
+import mmap
 import os
 import queue
 import threading
@@ -94,6 +95,9 @@ class Deadline:
 
     def __init__(self, name: str, seconds: float) -> None:
         self.name, self.seconds = name, seconds
+        # when the first read still unanswered was asked (0: none) and the last probe or give-up, in memory that the
+        # serving processes forked after this share: a stall one of them met, the others know at once
+        self._clock = memoryview(mmap.mmap(-1, 16)).cast("d")
         self._start()
 
     def _start(self) -> None:
@@ -101,8 +105,6 @@ class Deadline:
         self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self._idle = self._stuck = 0
         self._waiting: set[_Call] = set()
-        self._stalled_since: float | None = None
-        self._probed = 0.0
         self._stopped = False
 
     def run(self, what: str, function: Callable[..., Any], *args: Any) -> Any:
@@ -129,9 +131,9 @@ class Deadline:
             if not call.done.is_set():
                 call.late = True
                 self._stuck += 1
-                self._probed = time.monotonic()
-                if self._stalled_since is None:
-                    self._stalled_since = call.asked
+                self._clock[1] = time.monotonic()
+                if not self._clock[0]:
+                    self._clock[0] = call.asked
                 raise Stalled(f"{what}: no answer within {self.seconds:g} s (--store-timeout): its file system is "
                               "stalled")
         if call.error is not None:
@@ -143,18 +145,18 @@ class Deadline:
         and fewer than STUCK threads are stuck); a Stalled error at once otherwise, while stalled."""
         if self._stopped:
             raise Stalled(f"{what}: not read: the mount is ending")
-        if self._stalled_since is None and self._stuck < STUCK:
+        if not self._clock[0] and self._stuck < STUCK:
             return False
         now = time.monotonic()
-        if self._stuck >= STUCK or now - self._probed < self.seconds:
+        if self._stuck >= STUCK or now - self._clock[1] < self.seconds:
             raise self._stalled(what)
-        self._probed = now
+        self._clock[1] = now
         return True
 
     def _stalled(self, what: str) -> Stalled:
-        since = time.monotonic() - (self._stalled_since or time.monotonic())
-        return Stalled(f"{what}: not read: its file system is stalled ({self._stuck} reads unanswered, the first "
-                       f"asked {since:.0f} s ago)")
+        since = time.monotonic() - (self._clock[0] or time.monotonic())
+        return Stalled(f"{what}: not read: its file system is stalled ({self._stuck} reads of this process "
+                       f"unanswered, the first asked {since:.0f} s ago)")
 
     def _work(self) -> None:
         while True:
@@ -168,9 +170,9 @@ class Deadline:
                 self._idle += 1
                 if call.late:
                     self._stuck -= 1
-                if self._stalled_since is not None:
-                    log.info("%s answers again after %.0f s", self.name, time.monotonic() - self._stalled_since)
-                    self._stalled_since = None
+                if self._clock[0]:
+                    log.info("%s answers again after %.0f s", self.name, time.monotonic() - self._clock[0])
+                    self._clock[0] = 0.0
 
     def stop(self) -> None:
         """The mount is ending: calls waiting give up now, later ones fail at once (its daemon ends, stalled or not)."""
@@ -181,5 +183,5 @@ class Deadline:
                 call.done.set()
 
     def after_fork(self) -> None:
-        """In a forked child: no thread of the parent's is here (nor stuck)."""
+        """In a forked child: no thread of the parent's is here (nor stuck); the stall, if any, is shared."""
         self._start()

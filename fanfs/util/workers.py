@@ -45,13 +45,19 @@ def wait_ended(pid: int, seconds: float) -> bool:
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0]:
                 return True
-        states = thread_states(pid)
-        if states.get(pid, b"Z") == b"Z" and set(states.values()) <= {b"Z", b"D"}:
+        if exited(pid):
             return True
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
     return True
+
+
+def exited(pid: int, held: bool = False) -> bool:
+    """Whether process ``pid`` has exited: its first thread is a zombie, and so is every other one but those the kernel
+    holds (state D: waiting on a file system that does not answer); ``held``: and there is one such."""
+    states = set((found := thread_states(pid)).values())
+    return found.get(pid, b"Z") == b"Z" and states <= {b"Z", b"D"} and (b"D" in states or not held)
 
 
 def thread_states(pid: int) -> dict[int, bytes]:
