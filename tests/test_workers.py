@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 from fanfs_command import daemon_pids, fanfs, force_unmount
 
-from fanfs.errors import StoreError
 from fanfs.serve.control import log_path, request
 from fanfs.serve.daemon import umount
 
@@ -188,9 +187,8 @@ def test_a_stopped_serving_process_cannot_hold_the_mount_point(tree, tmp_path):
         assert (mnt / files[0]).read_bytes()
         parent, workers = serving_pids(mnt)
         pids += [parent, *workers]
-        os.kill(workers[0], signal.SIGSTOP)  # and an unmount that waits less than the grace period says so
-        with pytest.raises(StoreError, match=rf"unmounted {mnt}, but its daemon \(pid {parent}\) has not ended"):
-            umount(str(mnt), timeout=1)
+        os.kill(workers[0], signal.SIGSTOP)  # and an unmount that waits less than the grace period kills the daemon
+        assert umount(str(mnt), timeout=1)  # (issue 35.5), its serving processes going with it
         wait_gone(mnt, pids, seconds=30)
         assert not any(alive(pid) for pid in pids)
         fanfs("mount", store, mnt, "--workers", "2")  # and a daemon that unmounts itself (SIGTERM, a job's end):

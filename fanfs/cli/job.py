@@ -34,6 +34,9 @@ settings (environment; the options of 'job run' win):
                   once and a node copies a blob the first time it (or a peer) reads it
   FANFS_CAPACITY  with FANFS_STAGE=lazy: local disk each node's cache may take (e.g. 200G); a store whose share
                   does not fit is accepted, the rest is read through from the shared store (default: no limit)
+  FANFS_STORE_TIMEOUT
+                  seconds a read waits on a store on a network file system (NFS, sshfs, Lustre...) before it
+                  fails with EIO, the store being stalled (default 30; 0: for ever)
 {settings}"""
 
 
@@ -48,6 +51,7 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     from ..cluster.batch import JobSettings, run_job
     from ..cluster.job import LOCAL_VARIABLE, MNT_VARIABLE
     from ..records import parse_all, settings
+    from ..util.deadline import store_timeout
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
     replicas = args.replicas or int(os.environ.get("FANFS_REPLICAS") or (2 if nodes > 1 else 1))
@@ -58,6 +62,7 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     if text and not (text.isdigit() and int(text) > 0):
         raise UsageError(f"FANFS_WORKERS must be a positive whole number, not {text!r}")
     workers = args.workers or (int(text) if text else None)
+    store_timeout()  # a bad FANFS_STORE_TIMEOUT: one line here, not one per node
     mount = os.environ.get("FANFS_MOUNT", "").strip() or "1"
     if mount not in ("0", "1"):
         raise UsageError(f"FANFS_MOUNT must be 1 (mount) or 0 (serve without a mount), not {mount!r}")

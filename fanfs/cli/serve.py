@@ -10,9 +10,11 @@ from typing import Any
 
 from ..errors import UsageError
 from ..serve.readahead import READAHEAD
+from ..util.deadline import DEFAULT_SECONDS
+from ..util.deadline import VARIABLE as STORE_TIMEOUT_VARIABLE
 from ..util.server import default_workers
 from ..util.units import human_size
-from .args import count, positive, positive_size, print_json, size
+from .args import count, nonnegative_float, positive, positive_size, print_json, size
 from .presentation import add_presentation_options, known, presentation_values, resolved
 
 Command = Callable[[argparse.Namespace], int]
@@ -27,6 +29,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         raise UsageError("--stage, --replicas and --no-mount need --local-dir")
     check_stage_options(args)
     args.foreground = args.foreground or args.no_mount  # a node serving without a mount stays attached
+    if args.store_timeout is not None:  # read where the store's sources are made: the daemon and a job's nodes too
+        os.environ[STORE_TIMEOUT_VARIABLE] = repr(args.store_timeout)
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
     if not job:  # before auto values are measured (seconds to minutes): a bad mount point is known at once
@@ -290,6 +294,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "stays and the log says how to raise it; 0: leave the kernel's)")
     p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for a peer before asking the next holder (default 5)")
+    p.add_argument("--store-timeout", type=nonnegative_float, metavar="SECONDS",
+                   help=f"how long a read waits on a store on a network file system (NFS, sshfs, Lustre...) before it "
+                        f"fails with EIO, the store being stalled (${STORE_TIMEOUT_VARIABLE}; default "
+                        f"{DEFAULT_SECONDS:g}; 0: for ever)")
     p.add_argument("--no-mount", action="store_true",
                    help="where FUSE is not allowed: mount nothing, serve peers and in-process readers "
                         "(fsspec.filesystem('fanfs', node=MOUNTPOINT)) through MOUNTPOINT, a private directory made "

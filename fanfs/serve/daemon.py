@@ -9,6 +9,7 @@ removes its log.  Stopping: ``fanfs umount`` (:func:`fanfs.util.mounts.unmount`)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,7 +26,7 @@ from ..store.format import INDEX_NAME, SHARD_DIR
 from ..util.mounts import mounted, unmount
 from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
-from ..util.workers import pid_alive
+from ..util.workers import exited, wait_ended
 from . import control
 from .readahead import READAHEAD
 
@@ -358,24 +359,19 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
         if "busy" in reason.lower():
             reason += "; close the files open under it, or use --lazy"
         raise StoreError(f"cannot unmount {mountpoint}: {reason}")
-    if pid is not None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.02)
-        if _alive(pid) and not lazy:  # lazily, files still open keep it serving them: it ends with the last
-            raise StoreError(f"unmounted {mountpoint}, but its daemon (pid {pid}) has not ended after {timeout:g} s "
-                             f"and holds the mount point (see {control.log_path(mountpoint)}): 'kill {pid}'")
+    # lazily, files still open keep it serving: it ends with the last
+    if pid is not None and not wait_ended(pid, timeout) and not lazy:
+        with contextlib.suppress(ProcessLookupError):  # stuck (on its store?): unmounted, it serves nobody
+            os.kill(pid, signal.SIGKILL)  # (a lazy cache resumes after a kill)
+        if not wait_ended(pid, 5):  # a killed process ends at once, unless it waits in the kernel
+            raise StoreError(f"unmounted {mountpoint}, but its daemon (pid {pid}) did not end in {timeout:g} s nor "
+                             "when killed: it waits in the kernel on a file system that does not answer (its "
+                             f"store's?), and ends when that answers (see {control.log_path(mountpoint)})")
+        log.warning("unmounted %s; its daemon (pid %d), not ended in %g s, was killed", mountpoint, pid, timeout)
+    if pid is not None and exited(pid, held=True):
+        log.warning("unmounted %s; its daemon (pid %d) has exited, but threads of it wait in the kernel on a file "
+                    "system that does not answer (its store's?): they go when it answers", mountpoint, pid)
     return True
-
-
-def _alive(pid: int) -> bool:
-    if not pid_alive(pid):
-        return False
-    try:  # a zombie child of ours counts as gone
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return True
 
 
 def wait_ready(mountpoint: str, timeout: float) -> dict:

@@ -251,6 +251,7 @@ class FanfsFS:
         ll.reply_spans(req, self.store.spans(entry, offset, size, view))
 
     def close(self) -> None:
+        self.store.stop_waiting()
         if self._deferred is not None:
             self._deferred.close()
 

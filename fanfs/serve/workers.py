@@ -45,7 +45,7 @@ from typing import Any
 
 from ..errors import FanfsError
 from ..util.sockets import recv_exactly
-from ..util.workers import die_with_parent
+from ..util.workers import die_with_parent, exited
 from . import lowlevel as ll
 
 log = logging.getLogger("fanfs")
@@ -175,6 +175,7 @@ class ServingProcesses:
         now = time.monotonic()
         if ended is None:
             return now if self.session.ended() else None
+        live.difference_update([pid for pid in live if exited(pid, held=True)])  # but for threads stuck on the store
         if now - ended >= END_GRACE_SECONDS:
             for pid in sorted(live - self._killed):
                 log.warning("serving process %d had not ended %g s after the mount did (stopped, or stuck): killed",

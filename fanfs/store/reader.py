@@ -78,7 +78,8 @@ class Store:
                  is_local: Callable[[int, int], bool] | None = None) -> None:
         """``index``: the store's index already loaded (a cluster node receives it broadcast).
         ``is_local(entry, view)``: whether the blobs a file reads at ``view`` are all on this node (a job
-        node's placement and staged layers); by default every file's are."""
+        node's placement and staged layers); by default every file's are, unless the store is on a network file
+        system."""
         self.root = root
         if not os.path.isdir(root):
             raise StoreError(f"{root}: no such store directory")
@@ -92,6 +93,8 @@ class Store:
         except CodecError as err:
             raise StoreError(f"{root}: {err}") from None
         own = LocalShards(os.path.join(root, SHARD_DIR), self.id) if sources is None else None
+        if own is not None and is_local is None and own.deadline is not None:
+            is_local = _on_a_server  # a network file system's: its reads are never made in a FUSE loop
         self.sources: list[ShardSource] = list(sources) if own is None else [own]
         if check_shards:
             self.check_shards(own if self.index.shard_size.size <= KEEP_OPEN else None)
@@ -346,12 +349,21 @@ class Store:
         for source in self.sources:
             source.after_fork()
 
+    def stop_waiting(self) -> None:
+        """The mount is ending: reads waiting on a stalled source give up now (EIO), so that its daemon ends."""
+        for source in self.sources:
+            source.stop_waiting()
+
     def close(self) -> None:
         _OPEN.discard(self)
         if self.extents is not None:
             self.extents.close()
         for source in self.sources:
             source.close()
+
+
+def _on_a_server(entry: int, view: int) -> bool:
+    return False
 
 
 _OPEN: weakref.WeakSet[Store] = weakref.WeakSet()

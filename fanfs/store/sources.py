@@ -14,6 +14,7 @@ import threading
 import numpy as np
 
 from ..errors import NotHeld, StoreError
+from ..util.deadline import deadline_for
 from ..util.files import open_regular
 from .format import SHARD_HEADER, check_shard_header, shard_name
 
@@ -55,6 +56,9 @@ class ShardSource:
     def close(self) -> None:
         pass
 
+    def stop_waiting(self) -> None:
+        """The mount is ending: reads waiting on a stalled file system give up now (EIO), so that its daemon ends."""
+
     def after_fork(self) -> None:
         """In a forked child, before its first read: renew what cannot be shared with the parent (locks another
         thread may have held at the fork; connections).  Open files stay shared: reads use ``pread``."""
@@ -66,7 +70,9 @@ class LocalShards(ShardSource):
     A shard file is opened once (as a regular file: never a FIFO or device planted in its place),
     its header checked against the store, and kept open.  ``scattered``: reads will be single blobs here and
     there (a cache's fills and read-throughs), so the kernel reads no further ahead than asked: on a network
-    file system its read-ahead would fetch bytes nobody reads.
+    file system its read-ahead would fetch bytes nobody reads.  On a network file system, every read (and open) is
+    waited on for ``--store-timeout`` at most (:mod:`fanfs.util.deadline`), and no blob is read in place: a splice
+    from a stalled file would wait with no deadline.
     """
 
     def __init__(self, directory: str, store_id: bytes, scattered: bool = False) -> None:
@@ -76,25 +82,27 @@ class LocalShards(ShardSource):
         self._scattered = scattered
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
+        self.deadline = deadline_for(directory)  # None on a local disk
 
     def path(self, shard: int) -> str:
         return os.path.join(self.directory, shard_name(shard))
 
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
-        if fd is None:
+        if fd is None:  # opened with no lock held: an open that waits on a stalled file system holds up nothing else
+            fd = open_regular(self.path(shard))
+            try:
+                check_shard_header(os.pread(fd, SHARD_HEADER.size, 0), shard, self._store_id, self.path(shard))
+            except StoreError:
+                os.close(fd)
+                raise
+            if self._scattered:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             with self._lock:
-                fd = self._fds.get(shard)
-                if fd is None:
-                    fd = open_regular(self.path(shard))
-                    try:
-                        check_shard_header(os.pread(fd, SHARD_HEADER.size, 0), shard, self._store_id, self.path(shard))
-                    except StoreError:
-                        os.close(fd)
-                        raise
-                    if self._scattered:
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                    self._fds[shard] = fd
+                kept = self._fds.setdefault(shard, fd)
+            if kept != fd:  # another thread's came first
+                os.close(fd)
+                fd = kept
         return fd
 
     def adopt(self, shard: int, fd: int) -> None:
@@ -108,9 +116,16 @@ class LocalShards(ShardSource):
             self._fds[shard] = fd
 
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        if self.deadline is not None:
+            return self.deadline.run(self.path(shard), self._pread, shard, length, offset)
+        return self._pread(shard, length, offset)
+
+    def _pread(self, shard: int, length: int, offset: int) -> bytes:
         return os.pread(self._fd(shard), length, offset)
 
     def place(self, blob: int, shard: int, offset: int) -> int | None:
+        if self.deadline is not None:
+            return None
         self._fd(shard)  # there, a regular file, and this store's: checked once
         return offset
 
@@ -126,8 +141,14 @@ class LocalShards(ShardSource):
                 os.close(fd)
             self._fds.clear()
 
+    def stop_waiting(self) -> None:
+        if self.deadline is not None:
+            self.deadline.stop()
+
     def after_fork(self) -> None:
         self._lock = threading.Lock()
+        if self.deadline is not None:
+            self.deadline.after_fork()
 
 
 class HeldShards(LocalShards):

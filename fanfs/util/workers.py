@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,40 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def wait_ended(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` has ended, waited for up to ``seconds``: gone, a zombie (reaped if it is a child of
+    ours), or exited but for threads the kernel holds (state D: waiting on a file system that does not answer, they
+    serve nothing and go when it answers)."""
+    deadline = time.monotonic() + seconds
+    while pid_alive(pid):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return True
+        if exited(pid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def exited(pid: int, held: bool = False) -> bool:
+    """Whether process ``pid`` has exited: its first thread is a zombie, and so is every other one but those the kernel
+    holds (state D: waiting on a file system that does not answer); ``held``: and there is one such."""
+    states = set((found := thread_states(pid)).values())
+    return found.get(pid, b"Z") == b"Z" and states <= {b"Z", b"D"} and (b"D" in states or not held)
+
+
+def thread_states(pid: int) -> dict[int, bytes]:
+    """The kernel's state letter of each thread of process ``pid`` (R, S, D, Z...; empty if it is gone)."""
+    states = {}
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+                states[int(task)] = f.read().rsplit(b")", 1)[1].split()[0]
+    return states
 
 
 def die_with_parent(sig: int, parent: int) -> None:

@@ -1,0 +1,273 @@
+"""Issue 35.5: a stalled shared store never blocks a read longer than ``--store-timeout``.
+
+The store lives on a real network file system that can be frozen: ``sshfs`` to an SFTP server (the very
+``sftp-server`` sshd runs, on a pipe, with no network), which SIGSTOP stops answering, as in the issue (uncached reads
+blocked > 120 s each); sshfs has then taken a read's request, so its reader waits in the kernel uninterruptibly.
+A plain mount, a lazily staged one, and one staged at fidelity 1 read at full (the layers above from the store) are
+read from other processes while it is frozen: an uncached read fails with EIO (a hang would be caught by the reader's
+timeout), logged in one line naming the file and the store; ``fanfs umount`` succeeds, frozen; and once it answers
+again, the same mount reads it again.  A daemon told to wait for ever (``--store-timeout 0``), stuck, is killed by
+``fanfs umount`` after its grace: on ``squashfuse_ll`` stopped with SIGSTOP (a FUSE server that has taken no request:
+the wait can be killed).  The frozen process is resumed before anything is unmounted, whatever happens.  The deadline
+itself is tested on a pipe nobody writes to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fanfs_command import daemon_pids, fanfs, force_unmount, mounted
+from photo_samples import make_photo_set
+
+from support.processes import kernel_state, stop
+
+from fanfs.serve.control import log_path
+from fanfs.store import Store
+from fanfs.util import deadline
+from fanfs.util.deadline import Deadline, Stalled
+from fanfs.util import mounts
+
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+TIMEOUT = "1"  # seconds a read may wait on the frozen store
+FILES = 6
+
+
+class FreezableStore:
+    """A store on a FUSE file system whose server process can be stopped (frozen) and continued: ``sshfs`` (to an
+    sftp-server on a pipe) or ``squashfuse_ll`` (of a squashfs image)."""
+
+    def __init__(self, base: Path, kind: str) -> None:
+        needs = {"sshfs": ("sshfs", SFTP_SERVER), "squashfuse": ("squashfuse_ll", "mksquashfs")}[kind]
+        if not all(shutil.which(tool) for tool in needs):
+            pytest.skip(f"needs {' and '.join(needs)} (tools/setup --test installs them)")
+        src = base / "src"
+        src.mkdir()
+        # a file per shard: no file's bytes in the kernel's pages of another's
+        rng = random.Random(35)
+        self.data = {f"f{i}.bin": rng.randbytes(300_000) for i in range(FILES)}
+        for name, data in self.data.items():
+            (src / name).write_bytes(data)
+        make_photo_set(src / "photos", 2)  # progressive records: a mount staged at K reads the layers above from here
+        fanfs("pack", src, base / "store", "--shard-size", "256K", "--progressive-jpeg", "--quiet")
+        store = Store(str(base / "store"))
+        self.data.update({f"photos/{p.name}": store.read_file(f"photos/{p.name}") for p in (src / "photos").iterdir()})
+        store.close()
+        self.base, self.kind, self.fuse, self.server = base, kind, None, 0
+        self.path = base / "frozen"
+        self.path.mkdir()
+
+    def start(self) -> None:
+        base = self.base
+        if self.kind == "sshfs":
+            server = base / "sftp"  # sshfs runs it as its ssh command: the server on a pipe (its pid said)
+            server.write_text(f"#!/bin/sh\necho $$ > {base / 'sftp.pid'}\nexec {SFTP_SERVER}\n")
+            server.chmod(0o700)
+            command = ["sshfs", "-f", "-o", f"ssh_command={server}", f"localhost:{base / 'store'}", self.path]
+        else:
+            subprocess.run(["mksquashfs", base / "store", base / "store.sqfs", "-quiet", "-noappend", "-no-progress"],
+                           check=True, capture_output=True)
+            command = ["squashfuse_ll", "-f", base / "store.sqfs", self.path]
+        self.fuse = subprocess.Popen(command)
+        while not mounts.mounted(self.path):
+            assert self.fuse.poll() is None, f"{command[0]} did not start"
+            time.sleep(0.02)
+        self.server = int((base / "sftp.pid").read_text()) if self.kind == "sshfs" else self.fuse.pid
+
+    def freeze(self) -> None:
+        stop(self.server)
+
+    def thaw(self) -> None:
+        os.kill(self.server, signal.SIGCONT)
+
+    def read(self, path: Path) -> bytes | str:
+        """What a reader process gets: the bytes, or "EIO"; a reader that hangs fails the test (thawed first: its read
+        waits in the kernel until the mount answers it, which waits on this store)."""
+        reader = subprocess.Popen(["cat", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = reader.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.thaw()
+            reader.kill()
+            reader.communicate()
+            raise AssertionError(f"a read of {path} hung on the frozen store") from None
+        if reader.returncode:
+            assert b"Input/output error" in err, err
+            return "EIO"
+        return out
+
+    def close(self) -> None:
+        if self.server:
+            self.thaw()
+        subprocess.run(["fusermount3", "-u", self.path], capture_output=True)
+        force_unmount(self.path)
+        if self.fuse is not None:
+            self.fuse.terminate()
+            self.fuse.wait()
+        if self.server != getattr(self.fuse, "pid", 0):  # sshfs's server (not its child: it ends with its pipe)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.server, signal.SIGTERM)
+
+
+@pytest.fixture
+def frozen(tmp_path, request):
+    store = FreezableStore(tmp_path, getattr(request, "param", "sshfs"))
+    try:
+        store.start()
+        yield store
+    finally:
+        store.close()
+
+
+def umount_frozen(mnt: Path) -> list[int]:
+    """``fanfs umount`` while the store is frozen, a read given up on: it succeeds and the mount is gone; the daemon
+    has ended (but for a thread of that read that may wait in the kernel on sshfs until it answers); its pids."""
+    pids = daemon_pids(mnt)
+    assert pids
+    done = fanfs("umount", mnt, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "killed" not in done.stderr  # the daemon ended by itself, stalled store or not
+    assert not mounts.mounted(mnt)
+    return pids
+
+
+def gone(pids: list[int]) -> None:
+    """Wait until the processes are gone (their threads leave the kernel once the store answers, or in a moment once
+    killed; a process that stays is the pytest timeout's)."""
+    assert pids
+    while [pid for pid in pids if os.path.exists(f"/proc/{pid}")]:
+        time.sleep(0.02)
+
+
+def read_again(frozen: FreezableStore, path: Path) -> bytes | str:
+    """A read once the store is thawed (the reads given up on, still in the kernel, may not have returned yet)."""
+    while (got := frozen.read(path)) == "EIO":
+        time.sleep(0.1)
+    return got
+
+
+def eio_lines(mnt: Path) -> list[str]:
+    return [line for line in Path(log_path(mnt)).read_text().splitlines() if " EIO " in line]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mount", ["plain", "lazy", "2 serving processes"])
+def test_a_frozen_store_answers_eio_in_time_unmounts_and_recovers(frozen, tmp_path, mount):
+    options = {"plain": ("--workers", "1"), "lazy": ("--local-dir", tmp_path / "local", "--stage", "lazy", "--workers",
+                                                     "1"), "2 serving processes": ("--workers", "2")}[mount]
+    with mounted(frozen.path, tmp_path / "mnt", "--store-timeout", TIMEOUT, *options) as mnt:
+        try:
+            assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]
+            frozen.freeze()
+            assert frozen.read(mnt / "f4.bin") == "EIO"  # waited on for --store-timeout
+            assert frozen.read(mnt / "f5.bin") == "EIO"  # at once: known to be stalled
+            assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]  # what is cached or kept is served still
+            lines = [line for line in eio_lines(mnt) if "f4.bin" in line]  # one per serving process that was asked
+            assert 1 <= len(lines) <= (2 if mount == "2 serving processes" else 1), lines
+            assert f"{frozen.path}/shards/" in lines[0] and "no answer within 1 s" in lines[0], lines
+            frozen.thaw()
+            for name in ("f5.bin", "f4.bin", "f3.bin"):  # the same mount reads the store again
+                assert read_again(frozen, mnt / name) == frozen.data[name]
+            frozen.freeze()
+            assert frozen.read(mnt / "f2.bin") == "EIO"
+            pids = umount_frozen(mnt)
+        finally:
+            frozen.thaw()  # before the mount's cleanup unmounts it
+    gone(pids)
+
+
+@pytest.mark.slow
+def test_a_mount_staged_at_k_reads_the_layers_above_from_a_frozen_store_in_time(frozen, tmp_path):
+    photo, other = sorted(name for name in frozen.data if name.startswith("photos/"))
+    with mounted(frozen.path, tmp_path / "mnt", "--local-dir", tmp_path / "local", "--stage", "--fidelity", "1",
+                 "--store-timeout", TIMEOUT, "--workers", "1") as mnt:
+        try:
+            frozen.freeze()
+            fanfs("ctl", mnt, "--fidelity", "full")  # layers no node staged: from the store
+            assert frozen.read(mnt / photo) == "EIO"
+            frozen.thaw()
+            assert read_again(frozen, mnt / photo) == frozen.data[photo]
+            frozen.freeze()
+            assert frozen.read(mnt / other) == "EIO"
+            pids = umount_frozen(mnt)
+        finally:
+            frozen.thaw()
+    gone(pids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("frozen", ["squashfuse"], indirect=True)
+def test_umount_kills_a_daemon_stuck_on_its_store(frozen, tmp_path):
+    """``--store-timeout 0`` (wait for ever): the FUSE loop itself waits in the frozen store's ``pread``, for a read
+    the kernel asked ahead (no file is open).  ``fanfs umount`` still succeeds: its grace over, it kills the daemon,
+    and nothing is left."""
+    with mounted(frozen.path, tmp_path / "mnt", "--store-timeout", "0", "--workers", "1") as mnt:
+        try:
+            frozen.freeze()
+            fd = os.open(mnt / "f4.bin", os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            os.close(fd)
+            pids = daemon_pids(mnt)
+            while not any("request_wait_answer" in kernel_state(pid) for pid in pids):  # its loop waits on the store
+                time.sleep(0.05)
+            done = fanfs("umount", mnt, check=False, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert "was killed" in done.stderr
+            assert not mounts.mounted(mnt)
+            gone(pids)
+        finally:
+            frozen.thaw()
+
+
+def test_reads_fail_at_once_while_stalled_but_a_probe_each_timeout_and_none_past_the_cap(monkeypatch):
+    """The deadline itself, on real blocking reads: a pipe nobody writes to, as a stalled server's file."""
+    monkeypatch.setattr(deadline, "STUCK", 2)
+    reads = Deadline("a pipe", 0.2)
+    stalled, writer = os.pipe()
+    try:
+        with pytest.raises(Stalled, match="no answer within 0.2 s"):
+            reads.run("p", os.read, stalled, 1)
+        with pytest.raises(Stalled, match=r"not read: its file system is stalled \(1 reads"):
+            reads.run("p", os.read, stalled, 1)  # at once: within a timeout of the last one given up on
+        time.sleep(0.2)
+        with pytest.raises(Stalled, match=r"stalled \(1 reads"):  # at once, but asked: a probe, a
+            reads.run("p", os.read, stalled, 1)  # timeout later, not waited for
+        time.sleep(0.2)
+        for _ in range(2):  # the cap: no more probes (the second would say 3)
+            with pytest.raises(Stalled, match=r"stalled \(2 reads"):
+                reads.run("p", os.read, stalled, 1)
+            time.sleep(0.2)
+        os.write(writer, b"abc")  # it answers: the stuck reads return, and reads go to it again
+        while (got := _read_or_none(reads, stalled)) is None:
+            time.sleep(0.01)
+        assert len(got) == 1
+
+        ending, outcome = Deadline("a pipe", 600), []
+        waiting = threading.Thread(target=lambda: outcome.append(_read_or_none(ending, stalled)))
+        waiting.start()
+        while not ending._waiting:  # admitted, and waiting on the pipe
+            time.sleep(0.01)
+        ending.stop()  # the mount ends: the read gives up now, not in 600 s
+        waiting.join()
+        assert outcome == [None]
+        with pytest.raises(Stalled, match="the mount is ending"):
+            ending.run("p", os.read, stalled, 1)
+    finally:
+        os.write(writer, b"x" * 8)  # no thread left waiting
+        os.close(writer)
+        os.close(stalled)
+
+
+def _read_or_none(reads: Deadline, fd: int) -> bytes | None:
+    try:
+        return reads.run("p", os.read, fd, 1)
+    except Stalled:
+        return None
