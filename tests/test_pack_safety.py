@@ -146,3 +146,30 @@ def test_killed_pack_and_keeper_leave_a_marked_partial_that_the_next_pack_remove
     assert len(partial) == 1 and (partial[0] / PARTIAL_MARKER).exists()
     fanfs("pack", src, store, "--codec", "lz4", "--quiet")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "store"]
+
+
+WRITER = """import os, sys
+def write_once(frame, event, arg):
+    if event == "call" and frame.f_code.co_name == "_adopted" and not os.environ.get("FANFS_TEST_WRITTEN"):
+        os.environ["FANFS_TEST_WRITTEN"] = "1"
+        with open({target!r}, "ab") as f:  # a writer appends while the pack reads the file
+            f.write(b"appended")
+sys.settrace(write_once)
+"""
+
+
+def test_a_source_written_while_packed_is_refused_not_stored_torn(tmp_path):
+    """Issue 35: a file that grew while it was read was stored half old, half new with exit 0; GNU tar says "file
+    changed as we read it".  Now the pack stops with one line naming it and leaves nothing."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "log.bin").write_bytes(os.urandom(3 << 20))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(WRITER.format(target=str(src / "log.bin")))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "fanfs", "pack", str(src), str(tmp_path / "store"), "-q", "--jobs", "1"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "log.bin changed while it was packed (size 3,145,728 -> 3,145,736)" in done.stderr
+    assert not list(tmp_path.glob("store*"))

@@ -33,11 +33,11 @@ class WalkedDirectory:
     archives: list[tuple[bytes, bytes, int]] = field(default_factory=list)  # (path under root, expands to, mtime)
 
     def files(self, builder: TreeBuilder, origin: int, label: str) -> Iterator[tuple[int, Member]]:
-        """Each file as a member whose data is its path (opened where it is packed)."""
+        """Each file as a member whose data is its path (opened where it is packed), with its size and mtime as walked."""
         for file_id in self.ids:
-            path, size = builder.path_and_size(file_id)
+            path, size, mtime = builder.path_size_mtime(file_id)
             rel = path[len(self.prefix) + 1:] if self.prefix else path
-            yield file_id, Member(path, FILE, 0, 0, size, data=os.path.join(self.root, rel),
+            yield file_id, Member(path, FILE, 0, mtime, size, data=os.path.join(self.root, rel),
                                   where=f"{label}/{os.fsdecode(rel)}", origin=origin)
 
 

@@ -165,8 +165,8 @@ class TreeBuilder:
                 missing = mid
         return known
 
-    def path_and_size(self, node: int) -> tuple[bytes, int]:
-        return self._path[node], self._size[node]
+    def path_size_mtime(self, node: int) -> tuple[bytes, int, int]:
+        return self._path[node], self._size[node], self._mtime[node]
 
     def root_implied(self) -> bool:
         return 0 in self._implied

@@ -23,8 +23,18 @@ class Held:
     regions: list[tuple[int, int]] | None = None
 
 
-Ref = bytes | Held
-"""Where a job's file is: a path to open, or its bytes in the job's payload."""
+@dataclass(slots=True)
+class OnDisk:
+    """A file of a directory to open at ``path``, as the walk saw it (``size``, ``mtime`` in ns): a file that no longer
+    is, once packed, was written meanwhile and is refused rather than stored torn."""
+    path: bytes
+    size: int
+    mtime: int
+
+
+Ref = OnDisk | bytes | Held
+"""Where a job's file is: a file of a directory, a path to open (an archive member spooled to a temporary file), or
+its bytes in the job's payload."""
 
 
 class Payload:
@@ -56,7 +66,7 @@ class Batch:
             self.held.append(data.data)
         else:
             assert isinstance(data, bytes)
-            ref = data
+            ref = data if member.spooled else OnDisk(data, member.size, member.mtime)
             if member.spooled:
                 self.spooled.append(data)
         self.files.append((file_id, ref, member.where))
@@ -68,4 +78,4 @@ def source_of(ref: Ref, payload: Payload | None) -> bytes | BytesFile:
     if isinstance(ref, Held):
         assert payload is not None and payload.data is not None
         return BytesFile(payload.data[ref.index], ref.size, ref.regions)
-    return ref
+    return ref.path if isinstance(ref, OnDisk) else ref

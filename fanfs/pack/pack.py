@@ -33,7 +33,7 @@ from .batch import Batch, Payload
 from .destination import commit, prepare_destination, start_partial
 from .index import write_store_index
 from .janitor import Janitor
-from .runner import ShardRunner, local_runner, packed_bytes
+from .runner import ShardRunner, local_runner
 from .shards import NoSpace, PackError, ShardJob, ShardResult
 
 __all__ = ["PackError", "PackOptions", "PackReport", "pack"]
@@ -129,18 +129,19 @@ def _build(ingest: Ingest, store: str, total: int | None, opts: PackOptions, run
            started: float) -> PackReport:
     janitor = Janitor()
     tmp = None
+    finished = {"source": 0, "stored": 0}  # shards packed whole so far: the ratio a full disk's estimate uses
     try:
         try:
             with _deferred_interrupt():  # a Ctrl-C while the directory is made comes once the clean-up below knows it
                 tmp = start_partial(store)
                 janitor.watch(tmp)
             try:
-                report = _pack_into(tmp, ingest, total, opts, runner, started)
+                report = _pack_into(tmp, ingest, total, opts, runner, started, finished)
             except NoSpace:
-                raise _no_space(tmp, store, total) from None
+                raise _no_space(tmp, store, total, finished) from None
             except OSError as err:
                 if err.errno in (errno.ENOSPC, errno.EDQUOT):  # a spool file of a large archive member
-                    raise _no_space(tmp, store, total) from None
+                    raise _no_space(tmp, store, total, finished) from None
                 raise
             commit(tmp, store, opts.force)
         except BaseException:
@@ -152,18 +153,23 @@ def _build(ingest: Ingest, store: str, total: int | None, opts: PackOptions, run
     return report
 
 
-def _no_space(tmp: str, store: str, total: int | None) -> PackError:
-    """Name the full file system and about how much more the store needs, at the ratio reached so far."""
-    written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp) for f in fs)
-    done = packed_bytes()
-    need = (max(written * total // max(done, 1) - written, 1) if done else total) if total else None
+def _no_space(tmp: str, store: str, total: int | None, finished: dict[str, int]) -> PackError:
+    """Name the full file system and about how large the whole store would be: the source at the ratio of the shards
+    packed whole so far (their source and stored bytes), or the source's size if none was (an upper bound, as a
+    store is not larger than its source but for a few headers).  Bytes written so far are no guide: a shard being
+    written, its spill files and an archive's spool are there in part."""
     mount, fstype = _file_system(tmp)
     st = os.statvfs(os.path.dirname(tmp))
-    more = f"about {human_size(need)} more at the ratio so far" if need else "more space"
-    of = f" of {human_size(total)}" if total else ""
-    return PackError(f"no space left on {mount} ({fstype}) for the store {store}: it needs {more} ({human_size(written)} "
-                     f"written for {human_size(done)}{of} of source; {human_size(st.f_bavail * st.f_frsize)} free): "
-                     "free space or pack to another place")
+    free = st.f_bavail * st.f_frsize + sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp) for f in fs)
+    if total and finished["source"]:
+        need = f"about {human_size(total * finished['stored'] // finished['source'])} in all (at the ratio of the " \
+               f"{human_size(finished['source'])} of source packed whole so far)"
+    elif total:
+        need = f"up to {human_size(total)} in all (its source's size)"
+    else:
+        need = "more space"
+    return PackError(f"no space left on {mount} ({fstype}) for the store {store}: it needs {need}, and "
+                     f"{human_size(free)} was free for it: free space or pack to another place")
 
 
 def _file_system(path: str) -> tuple[str, str]:
@@ -192,7 +198,7 @@ def _codec_table(opts: PackOptions) -> tuple[list[Codec], int, int]:
 
 
 def _pack_into(tmp: str, ingest: Ingest, total: int | None, opts: PackOptions, runner: RunnerFactory,
-               started: float) -> PackReport:
+               started: float, finished: dict[str, int]) -> PackReport:
     store_id = uuid.uuid4().bytes
     codecs, default_codec, raw_codec = _codec_table(opts)
     archives = any(source.kind != "directory" or source.walked and source.walked.archives
@@ -215,6 +221,8 @@ def _pack_into(tmp: str, ingest: Ingest, total: int | None, opts: PackOptions, r
                 for path in spooled.pop(result.shard, []):
                     os.unlink(path)
                 progress["bytes"] += positions[result.shard] - positions.get(result.shard - 1, 0)
+                finished["source"] += positions[result.shard] - positions.get(result.shard - 1, 0)
+                finished["stored"] += result.size
                 progress["files"] += len(result.files["entry"])
             bar.update_to(progress["bytes"], count=progress["files"])
 

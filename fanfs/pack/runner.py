@@ -11,29 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import multiprocessing as mp
 from collections.abc import Iterator
-from typing import Any
 
 from ..util.workers import process_pool
 from .shards import PackError, ShardJob, ShardResult, pack_shard
-
-_progress_counter: Any = None
-
-
-def _init_worker(counter: Any) -> None:
-    global _progress_counter
-    _progress_counter = counter
-
-
-def _advance(nbytes: int) -> None:
-    with _progress_counter.get_lock():
-        _progress_counter.value += nbytes
-
-
-def _pack_shard(job: ShardJob) -> ShardResult:
-    return pack_shard(job, _advance)
-
 
 class ShardRunner:
     """Packs shard jobs somewhere; ``slots``: how many it packs at once; ``window``: how many it takes at once."""
@@ -65,7 +46,7 @@ class LocalRunner(ShardRunner):
 
     def start(self, job: ShardJob) -> None:
         try:
-            future = self.pool.submit(_pack_shard, job)
+            future = self.pool.submit(pack_shard, job)
         except cf.BrokenExecutor as err:  # a worker died since the last wait: say so where failures are
             future = cf.Future()
             future.set_exception(err)
@@ -87,12 +68,5 @@ class LocalRunner(ShardRunner):
 @contextlib.contextmanager
 def local_runner(jobs: int) -> Iterator[LocalRunner]:
     """A runner of ``jobs`` worker processes, stopped (killed, on an error) when the block ends."""
-    global _progress_counter
-    _progress_counter = mp.get_context("fork").Value("Q", 0)
-    with process_pool(jobs, _init_worker, (_progress_counter,)) as pool:
+    with process_pool(jobs) as pool:
         yield LocalRunner(pool, jobs)
-
-
-def packed_bytes() -> int:
-    """Source bytes this node's workers have packed so far (a pack's progress between whole shards)."""
-    return int(_progress_counter.value) if _progress_counter is not None else 0

@@ -21,7 +21,8 @@ import numpy as np
 from ..codecs import Codec, pays
 from ..errors import FanfsError
 from ..ingest import Data
-from .batch import Payload, Ref, source_of
+from ..ingest.tree import MTIME_MAX, MTIME_MIN
+from .batch import OnDisk, Payload, Ref, source_of
 from ..records import Packed, PlainFiles, RecordKind
 from ..store.format import shard_header
 from ..store.schema import BLOB_COLUMNS
@@ -199,7 +200,7 @@ class ShardWriter:
         return {name: np.array(written[name], dtype) for name, dtype in BLOB_COLUMNS.items()}
 
 
-def pack_shard(job: ShardJob, advance: Callable[[int], None] = lambda n: None) -> ShardResult:
+def pack_shard(job: ShardJob) -> ShardResult:
     """Build one shard file from its files; runs in a worker process."""
     writer = ShardWriter(job.path, shard_header(job.shard, job.store_id))
     columns: dict[str, list[int]] = {k: [] for k in ("entry", "record", "layers", "first", "count", "codec",
@@ -217,7 +218,8 @@ def pack_shard(job: ShardJob, advance: Callable[[int], None] = lambda n: None) -
                 if kind is _PLAIN:
                     kind, packed, codec = _adopted(job, source, packed, codec, name, fallbacks)
                 first, count = _written(name, lambda: writer.add(packed, job.codecs[codec] if packed.compress else None))
-                advance(source.size)
+                if isinstance(ref, OnDisk):
+                    _unchanged(ref, source, name)
             finally:
                 _close(source)  # streamed layers read it until they are written
             for key, value in (("entry", entry), ("record", kind.kind_id), ("layers", len(packed.layers)),
@@ -250,6 +252,17 @@ def _adopted(job: ShardJob, source: SourceFile, packed: Packed, codec: int, name
         if why and not (fallbacks and fallbacks[-1][1] == name):  # a file another kind let go is listed once, there
             fallbacks.append((kind.name, name, why))
     return _PLAIN, packed, codec
+
+
+def _unchanged(ref: OnDisk, source: SourceFile, name: str) -> None:
+    """Refuse a file whose size or mtime moved since the walk: it was being written while it was read (GNU tar says
+    "file changed as we read it"), and its bytes may be half old, half new."""
+    if isinstance(source, OpenFile):
+        st = os.fstat(source.fd)
+        held = ref.mtime in (MTIME_MIN, MTIME_MAX)  # an mtime beyond the index's range was held at its edge
+        if st.st_size != ref.size or (st.st_mtime_ns != ref.mtime and not held):
+            what = f"size {ref.size:,} -> {st.st_size:,}" if st.st_size != ref.size else "modified"
+            raise PackError(f"{name} changed while it was packed ({what}): pack again once nothing writes to the source")
 
 
 class _SourceFailure(Exception):
