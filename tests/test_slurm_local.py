@@ -42,8 +42,13 @@ def test_start_run_a_two_node_job_stop_leaves_nothing(tmp_path):
         env = {**os.environ, CONF_VAR: conf}
         job = tmp_path / "job.sh"
         job.write_text("#!/bin/bash\nsrun printenv SLURMD_NODENAME\n")
-        done = subprocess.run(["sbatch", "--wait", "-N", "2", "--output", str(tmp_path / "out.txt"), str(job)],
-                              env=env, capture_output=True, text=True, timeout=120)
+        try:
+            done = subprocess.run(["sbatch", "--wait", "-N", "2", "--output", str(tmp_path / "out.txt"), str(job)],
+                                  env=env, capture_output=True, text=True, timeout=240)
+        except subprocess.TimeoutExpired:  # say why the job did not end (seen once in a full suite at load 3-4)
+            why = subprocess.run(["scontrol", "show", "job"], env=env, capture_output=True, text=True, timeout=30)
+            nodes = subprocess.run(["sinfo", "-N", "-l"], env=env, capture_output=True, text=True, timeout=30)
+            raise AssertionError(f"the job did not end in 240 s:\n{why.stdout}\n{nodes.stdout}") from None
         assert done.returncode == 0, done.stdout + done.stderr
         assert sorted((tmp_path / "out.txt").read_text().split()) == ["n1", "n2"]
         subprocess.run(["sbatch", "-N", "2", "--output", "/dev/null", "--wrap", "srun sleep 600"],

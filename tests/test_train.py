@@ -14,6 +14,7 @@ import multiprocessing as mp
 import random
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -331,9 +332,14 @@ def test_an_order_sampler_has_a_lazily_staged_mount_fetch_ahead(photo_store, tmp
         for epoch in range(2):
             sampler.set_epoch(epoch)
             assert sum(len(labels) for _, labels in loader) == len(data)
-        stats = json.loads(fanfs("stats", mnt, "--json").stdout)
+        want = {sampler.stream: {"files": 2 * len(data), "position": 2 * len(data)}}  # this epoch and the next
+        for _ in range(100):  # the prefetcher's thread follows the reads a moment later (under load: seconds)
+            stats = json.loads(fanfs("stats", mnt, "--json").stdout)
+            if stats["prefetch"]["streams"] == want:
+                break
+            time.sleep(0.1)
     ahead = stats["prefetch"]
-    assert ahead["streams"] == {sampler.stream: {"files": 2 * len(data), "position": 2 * len(data)}}  # this epoch and the next
+    assert ahead["streams"] == want
     assert ahead["files"] > 0 and ahead["failed"] == 0
     reference = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
     reference.set_epoch(1)
