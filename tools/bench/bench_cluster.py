@@ -34,13 +34,13 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from clusterjob import READERS, job, make_tree, mpi_fanfs, pool_pass, read_pass, read_size
+from clusterjob import READERS, job, make_tree, pool_pass, read_pass, read_size, run_ranks
 
 
 def stage(store: Path, base: Path, ranks: int, replicas: int = 1) -> dict[str, Any]:
     started = time.perf_counter()
-    report = json.loads(bl.run(mpi_fanfs(ranks, "stage", store, base / "local{rank}", "--replicas", replicas,
-                                         "--quiet", "--json"), timeout=600).stdout)
+    report = json.loads(run_ranks(ranks, "stage", store, base / "local{rank}", "--replicas", replicas, "--quiet",
+                                  "--json", logs=base / "ranks", timeout=600))
     wall = time.perf_counter() - started
     per_node = [n["copied_bytes"] for n in report["nodes"]]
     return {"per node MB": [round(b / 1e6, 2) for b in per_node],
