@@ -195,3 +195,21 @@ def test_a_failed_job_names_its_rank_or_the_node_whose_proxy_died(emulated, tmp_
         assert done.returncode != 0
         line = why_failed(exit_statuses(done.stdout)[1], logs, done.stderr)
         assert expected in line and "\n" not in line, line
+
+
+def test_a_staging_job_finishes_with_input_waiting_on_stdin(emulated, tmp_path):
+    """Issue 35: run from a shell that reads its commands from a pipe, mpiexec forwarded the commands still to
+    come (its stdin) to rank 0, whose proxy gave up ("process reading stdin too slowly") and the benchmark died
+    with "process manager error waiting for completion".  The benchmarks' jobs read /dev/null instead."""
+    cluster, _, _, _ = emulated
+    fresh_local_dirs(cluster)
+    bench = Path(__file__).resolve().parent.parent / "tools"
+    script = ("import json, sys\nfrom clusterjob import run_ranks\n"
+              f"out = run_ranks({NODES}, 'stage', {cluster.rank_path('shared/store')!r}, {cluster.rank_path('local')!r}, "
+              f"'--quiet', '--json', logs=__import__('pathlib').Path({str(tmp_path / 'ranks')!r}), "
+              f"launcher={cluster.mpiexec()!r}, timeout=120)\nprint(len(json.loads(out)['nodes']))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(bench / "bench"), str(bench / "support"),
+                                                        str(bench / "emulated"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], input="echo the next command\n" * 20_000, capture_output=True,
+                          text=True, env=env, timeout=180)
+    assert done.returncode == 0 and done.stdout.split() == [str(NODES)], done.stderr[-2000:]

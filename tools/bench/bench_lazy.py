@@ -125,7 +125,8 @@ class LazyJob:
                                                self.cluster.rank_path(f"mnt-{self.name}"), "--local-dir",
                                                self.cluster.rank_path(f"local-{self.name}"), "--peer-timeout", "5",
                                                "--foreground", *self.options, launcher=self.cluster.mpiexec()),
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         return started
 
     def wait(self) -> None:

@@ -40,7 +40,12 @@ def read_size(path: str) -> int:
 def mpi_fanfs(ranks: int, *args: str | os.PathLike, launcher: list[str] | None = None,
               logs: Path | None = None) -> list[str]:
     """``fanfs ARGS`` on ``ranks`` ranks (``launcher``: another mpiexec command line, the emulated cluster's);
-    with ``logs``, each rank's stderr goes to ``logs/rank-N.err`` and mpiexec prints every rank's exit status."""
+    with ``logs``, each rank's stderr goes to ``logs/rank-N.err`` and mpiexec prints every rank's exit status.
+
+    Run it with stdin from /dev/null: mpiexec forwards its stdin to rank 0, and when there is input (a shell
+    reading its commands from a pipe: the commands after this one) that no rank reads, rank 0's proxy gives
+    up ("process reading stdin too slowly") and mpiexec ends with "process manager error waiting for
+    completion" (issue 35)."""
     per_rank = ["-print-all-exitcodes", "-errfile-pattern", str(logs / "rank-%r.err")] if logs else []
     return [*(launcher or [MPIEXEC, "-disable-auto-cleanup", "-n", str(ranks)]), *per_rank, *bl.FANFS, *map(str, args)]
 
@@ -68,6 +73,11 @@ def _last_line(path: Path) -> str:
     return lines[-1].strip() if lines else "nothing on its stderr"
 
 
+def _hydra_said(line: str, who: str) -> str:
+    """``[proxy:0@vm] function (file.c:533): message`` as ``proxy 0: message``."""
+    return f"{who}: {line.split('): ', 1)[-1]}"
+
+
 def why_failed(statuses: list[int] | None, logs: Path, stderr: str) -> str:
     """One line: the first rank that failed, how, and the last line it wrote; or, when mpiexec ended without
     the ranks' statuses (a proxy lost or not started), what the launcher said."""
@@ -77,8 +87,10 @@ def why_failed(statuses: list[int] | None, logs: Path, stderr: str) -> str:
             return f"rank {rank} {how}: {_last_line(logs / f'rank-{rank}.err')}"
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     node = [line for line in lines if line.startswith("emucluster:")]  # the emulated launcher names the node
-    hydra = [line.split("): ", 1)[-1] for line in lines if line.startswith("[mpiexec@")]
-    said = [*node, *(f"mpiexec: {line}" for line in hydra[:1])] or lines[-1:] or ["no message"]
+    proxy = [_hydra_said(line, "proxy " + line[len("[proxy:"):].split("@")[0]) for line in lines
+             if line.startswith("[proxy:")]  # proxy N runs on the N-th host, with its ranks
+    hydra = [_hydra_said(line, "mpiexec") for line in lines if line.startswith("[mpiexec@")]
+    said = [*node, *proxy[:1], *hydra[:1]] or lines[-1:] or ["no message"]
     return "mpiexec ended without the ranks' statuses: " + "; ".join(said)
 
 
@@ -89,8 +101,8 @@ def run_ranks(ranks: int, *args: str | os.PathLike, logs: Path, launcher: list[s
     so; a failure then, or of a rank, raises :class:`RankFailed` naming the rank and its last line."""
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    done = subprocess.run(mpi_fanfs(ranks, *args, launcher=launcher, logs=logs), capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(mpi_fanfs(ranks, *args, launcher=launcher, logs=logs), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
     stdout, statuses = exit_statuses(done.stdout)
     if done.returncode == 0:
         return stdout
@@ -127,7 +139,7 @@ def job(store: Path | str, base: Path, ranks: int, replicas: int, *options: str,
     proc = subprocess.Popen(mpi_fanfs(ranks, "mount", store, base / mnt, "--local-dir", base / local, "--replicas",
                                       str(replicas), "--peer-timeout", "2", "--foreground", *(options or ["--stage"]),
                                       launcher=launcher, logs=logs),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         for rank, mountpoint in enumerate(mounts):
             deadline = time.monotonic() + 120
