@@ -37,7 +37,7 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from clusterjob import RankFailed, job, make_tree, run_ranks
+from clusterjob import job, make_tree, run_ranks
 from bench_lazy import BATCH, capacity_rows, lazy_rows, print_capacity, print_lazy
 from emucluster import Cluster, emulated_cluster, rate_bits
 
@@ -283,15 +283,6 @@ def cache_point(cluster: Cluster, export: Path, rels: list[str], larger: list[st
 
 
 def main() -> int:
-    """The benchmark; a node, rank or reader that fails ends it with one line saying which and why."""
-    try:
-        return measure()
-    except (RankFailed, RuntimeError) as err:
-        print(f"bench_cluster.py --emulate: error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
-        return 1
-
-
-def measure() -> int:
     parser = argparse.ArgumentParser(prog="bench_cluster.py --emulate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--emulate", action="store_true", required=True, help="this benchmark (an emulated cluster)")
