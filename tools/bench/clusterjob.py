@@ -101,8 +101,12 @@ def run_ranks(ranks: int, *args: str | os.PathLike, logs: Path, launcher: list[s
     so; a failure then, or of a rank, raises :class:`RankFailed` naming the rank and its last line."""
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    done = subprocess.run(mpi_fanfs(ranks, *args, launcher=launcher, logs=logs), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+    try:
+        done = subprocess.run(mpi_fanfs(ranks, *args, launcher=launcher, logs=logs), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        last = "; ".join(f"rank {rank}: {_last_line(logs / f'rank-{rank}.err')}" for rank in range(ranks))
+        raise RankFailed(f"fanfs {args[0]} on {ranks} ranks did not end within {timeout:.0f} s ({last})") from None
     stdout, statuses = exit_statuses(done.stdout)
     if done.returncode == 0:
         return stdout
