@@ -169,3 +169,47 @@ def test_the_cluster_leaves_nothing_behind_after_sigterm_or_kill_9(tmp_path):
     swept = subprocess.run([sys.executable, str(EMULATED / "emucluster.py"), "down"], capture_output=True, text=True, timeout=60)
     assert swept.returncode == 0 and f"fanfs-{tag}-n0" in swept.stdout, swept.stdout + swept.stderr
     assert not _leftovers(tag, tmp_path)
+
+
+_KILL_MY_PROXY = ("import os, sys, time\n"
+                  "if os.environ['PMI_RANK'] == '1':\n"
+                  "    print('rank 1 ends its proxy', file=sys.stderr, flush=True)\n"
+                  "    os.kill(os.getppid(), 9)\n"
+                  "time.sleep(2)\n"
+                  "sys.exit(3 if os.environ['PMI_RANK'] == '2' else 0)")
+
+
+def test_a_failed_job_names_its_rank_or_the_node_whose_proxy_died(emulated, tmp_path):
+    """Issue 35: when a node's MPI proxy dies, mpiexec says only "process manager error waiting for completion";
+    the emulated launcher names the node, and the benchmarks' one line says it.  A rank that fails is named with
+    its exit status and the last line it wrote to stderr."""
+    from clusterjob import exit_statuses, mpi_fanfs, why_failed
+    cluster = emulated[0]
+    for script, expected in ((_KILL_MY_PROXY, "emucluster: node n1: its MPI proxy was killed by signal 9"),
+                             (_KILL_MY_PROXY.replace("'1'", "'9'"), "rank 2 exited with 3: nothing on its stderr")):
+        logs = tmp_path / str(len(expected))
+        logs.mkdir()
+        argv = mpi_fanfs(NODES, "-c", script, launcher=cluster.mpiexec(), logs=logs)
+        done = subprocess.run([*argv[:argv.index("-m")], *argv[argv.index("-c"):]], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode != 0
+        line = why_failed(exit_statuses(done.stdout)[1], logs, done.stderr)
+        assert expected in line and "\n" not in line, line
+
+
+def test_a_staging_job_finishes_with_input_waiting_on_stdin(emulated, tmp_path):
+    """Issue 35: run from a shell that reads its commands from a pipe, mpiexec forwarded the commands still to
+    come (its stdin) to rank 0, whose proxy gave up ("process reading stdin too slowly") and the benchmark died
+    with "process manager error waiting for completion".  The benchmarks' jobs read /dev/null instead."""
+    cluster, _, _, _ = emulated
+    fresh_local_dirs(cluster)
+    bench = Path(__file__).resolve().parent.parent / "tools"
+    script = ("import json, sys\nfrom clusterjob import run_ranks\n"
+              f"out = run_ranks({NODES}, 'stage', {cluster.rank_path('shared/store')!r}, {cluster.rank_path('local')!r}, "
+              f"'--quiet', '--json', logs=__import__('pathlib').Path({str(tmp_path / 'ranks')!r}), "
+              f"launcher={cluster.mpiexec()!r}, timeout=120)\nprint(len(json.loads(out)['nodes']))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(bench / "bench"), str(bench / "support"),
+                                                        str(bench / "emulated"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], input="echo the next command\n" * 20_000, capture_output=True,
+                          text=True, env=env, timeout=180)
+    assert done.returncode == 0 and done.stdout.split() == [str(NODES)], done.stderr[-2000:]

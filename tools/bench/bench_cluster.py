@@ -34,13 +34,13 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from clusterjob import READERS, job, make_tree, mpi_fanfs, pool_pass, read_pass, read_size
+from clusterjob import READERS, job, make_tree, pool_pass, read_pass, read_size, run_ranks
 
 
 def stage(store: Path, base: Path, ranks: int, replicas: int = 1) -> dict[str, Any]:
     started = time.perf_counter()
-    report = json.loads(bl.run(mpi_fanfs(ranks, "stage", store, base / "local{rank}", "--replicas", replicas,
-                                         "--quiet", "--json"), timeout=600).stdout)
+    report = json.loads(run_ranks(ranks, "stage", store, base / "local{rank}", "--replicas", replicas, "--quiet",
+                                  "--json", logs=base / "ranks", timeout=600))
     wall = time.perf_counter() - started
     per_node = [n["copied_bytes"] for n in report["nodes"]]
     return {"per node MB": [round(b / 1e6, 2) for b in per_node],
@@ -91,9 +91,20 @@ def holders(store: Path, rels: list[str], ranks: int, replicas: int) -> dict[str
 
 
 def main() -> int:
-    if "--emulate" in sys.argv[1:]:
-        from bench_emulated import main as emulated
-        return emulated()
+    """A job, rank or reader that fails ends the benchmark with one line saying which and why (clusterjob's
+    RankFailed, a reader's death, a command that failed), not a traceback."""
+    try:
+        if "--emulate" in sys.argv[1:]:
+            from bench_emulated import main as emulated
+            return emulated()
+        return measure()
+    except RuntimeError as err:
+        print(f"{Path(sys.argv[0]).name}{' --emulate' * ('--emulate' in sys.argv)}: error: "
+              f"{str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+
+
+def measure() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bl.common_args(parser)
     parser.add_argument("--files", type=int, default=2000, help="JPEGs of ~110 KB (default 2000)")

@@ -37,7 +37,7 @@ from typing import Any
 
 import benchlib as bl
 import numpy as np
-from clusterjob import job, make_tree, mpi_fanfs
+from clusterjob import job, make_tree, run_ranks
 from bench_lazy import BATCH, capacity_rows, lazy_rows, print_capacity, print_lazy
 from emucluster import Cluster, emulated_cluster, rate_bits
 
@@ -125,9 +125,9 @@ def stage(cluster: Cluster, store: str, fidelity: str, replicas: int, local: str
         (node.dir / local).mkdir()
     before = cluster.counters()
     started = time.perf_counter()
-    out = bl.run(mpi_fanfs(len(cluster.nodes), "stage", cluster.rank_path(f"shared/{store}"), cluster.rank_path(local),
-                           "--replicas", replicas, "--fidelity", fidelity, "--quiet", "--json",
-                           launcher=cluster.mpiexec()), timeout=7200).stdout
+    out = run_ranks(len(cluster.nodes), "stage", cluster.rank_path(f"shared/{store}"), cluster.rank_path(local),
+                    "--replicas", replicas, "--fidelity", fidelity, "--quiet", "--json", logs=cluster.workdir / "ranks",
+                    launcher=cluster.mpiexec())
     wall = time.perf_counter() - started
     after = cluster.counters()
     report = json.loads(out)

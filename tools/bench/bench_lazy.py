@@ -52,7 +52,7 @@ def _reader(mnt: str, epochs: list[list[str]], batch: int, decode: bool, wait: b
                     else:
                         f.read()
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-                if e == 0 and i + 1 == batch:
+                if e == 0 and i + 1 == min(batch, len(paths)):  # a reader with fewer files than a batch: all of them
                     marks["first_batch"] = time.time()
             marks[f"end{e}"] = time.time()
     finally:
@@ -125,7 +125,8 @@ class LazyJob:
                                                self.cluster.rank_path(f"mnt-{self.name}"), "--local-dir",
                                                self.cluster.rank_path(f"local-{self.name}"), "--peer-timeout", "5",
                                                "--foreground", *self.options, launcher=self.cluster.mpiexec()),
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         return started
 
     def wait(self) -> None:

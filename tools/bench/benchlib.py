@@ -49,7 +49,9 @@ def temp_dir(workdir: str, prefix: str) -> Iterator[Path]:
 
 
 def run(cmd: Sequence[str | os.PathLike], **kwargs: Any) -> subprocess.CompletedProcess:
-    """Run a command; on failure raise with its output (a benchmark must not go on with a half setup)."""
+    """Run a command; on failure raise with its output (a benchmark must not go on with a half setup).  Its stdin
+    is /dev/null unless given: mpiexec would forward the caller's input to rank 0 and fail (clusterjob.mpi_fanfs)."""
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
     done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,9 +37,84 @@ def read_size(path: str) -> int:
         return -1
 
 
-def mpi_fanfs(ranks: int, *args: str | os.PathLike, launcher: list[str] | None = None) -> list[str]:
-    """``fanfs ARGS`` on ``ranks`` ranks (``launcher``: another mpiexec command line, the emulated cluster's)."""
-    return [*(launcher or [MPIEXEC, "-disable-auto-cleanup", "-n", str(ranks)]), *bl.FANFS, *map(str, args)]
+def mpi_fanfs(ranks: int, *args: str | os.PathLike, launcher: list[str] | None = None,
+              logs: Path | None = None) -> list[str]:
+    """``fanfs ARGS`` on ``ranks`` ranks (``launcher``: another mpiexec command line, the emulated cluster's);
+    with ``logs``, each rank's stderr goes to ``logs/rank-N.err`` and mpiexec prints every rank's exit status.
+
+    Run it with stdin from /dev/null: mpiexec forwards its stdin to rank 0, and when there is input (a shell
+    reading its commands from a pipe: the commands after this one) that no rank reads, rank 0's proxy gives
+    up ("process reading stdin too slowly") and mpiexec ends with "process manager error waiting for
+    completion" (issue 35)."""
+    per_rank = ["-print-all-exitcodes", "-errfile-pattern", str(logs / "rank-%r.err")] if logs else []
+    return [*(launcher or [MPIEXEC, "-disable-auto-cleanup", "-n", str(ranks)]), *per_rank, *bl.FANFS, *map(str, args)]
+
+
+class RankFailed(RuntimeError):
+    """A job on ranks failed; the message is one line naming the rank (or the launcher) and why."""
+
+
+_EXIT_CODES = re.compile(r"^\[mpiexec@[^]]*\] Exit codes: ((?:\[[^]]*\] [\d,]+\s*)+)", re.MULTILINE)
+
+
+def exit_statuses(stdout: str) -> tuple[str, list[int] | None]:
+    """``stdout`` without mpiexec's ``-print-all-exitcodes`` lines (``[host] STATUS,STATUS`` per host), and the
+    wait statuses they gave in rank order (one rank per host, or all on one host); None if mpiexec ended
+    before it could say them."""
+    found = _EXIT_CODES.search(stdout)
+    if found is None:
+        return stdout, None
+    statuses = [int(code) for code in re.findall(r"\d+", re.sub(r"\[[^]]*\]", " ", found.group(1)))]
+    return stdout[:found.start()] + stdout[found.end():], statuses
+
+
+def _last_line(path: Path) -> str:
+    lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+    return lines[-1].strip() if lines else "nothing on its stderr"
+
+
+def _hydra_said(line: str, who: str) -> str:
+    """``[proxy:0@vm] function (file.c:533): message`` as ``proxy 0: message``."""
+    return f"{who}: {line.split('): ', 1)[-1]}"
+
+
+def why_failed(statuses: list[int] | None, logs: Path, stderr: str) -> str:
+    """One line: the first rank that failed, how, and the last line it wrote; or, when mpiexec ended without
+    the ranks' statuses (a proxy lost or not started), what the launcher said."""
+    for rank, status in enumerate(statuses or []):
+        if status:
+            how = f"was killed by {signal.Signals(status & 0x7F).name}" if status & 0x7F else f"exited with {status >> 8}"
+            return f"rank {rank} {how}: {_last_line(logs / f'rank-{rank}.err')}"
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    node = [line for line in lines if line.startswith("emucluster:")]  # the emulated launcher names the node
+    proxy = [_hydra_said(line, "proxy " + line[len("[proxy:"):].split("@")[0]) for line in lines
+             if line.startswith("[proxy:")]  # proxy N runs on the N-th host, with its ranks
+    hydra = [_hydra_said(line, "mpiexec") for line in lines if line.startswith("[mpiexec@")]
+    said = [*node, *proxy[:1], *hydra[:1]] or lines[-1:] or ["no message"]
+    return "mpiexec ended without the ranks' statuses: " + "; ".join(said)
+
+
+def run_ranks(ranks: int, *args: str | os.PathLike, logs: Path, launcher: list[str] | None = None,
+              timeout: float = 7200, retry: bool = True) -> str:
+    """``fanfs ARGS`` on ``ranks`` ranks; returns its stdout.  Each rank's stderr is kept in ``logs``.  A failure
+    of the launcher itself (mpiexec ended without the ranks' statuses: a proxy lost) is retried once, and said
+    so; a failure then, or of a rank, raises :class:`RankFailed` naming the rank and its last line."""
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    try:
+        done = subprocess.run(mpi_fanfs(ranks, *args, launcher=launcher, logs=logs), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        last = "; ".join(f"rank {rank}: {_last_line(logs / f'rank-{rank}.err')}" for rank in range(ranks))
+        raise RankFailed(f"fanfs {args[0]} on {ranks} ranks did not end within {timeout:.0f} s ({last})") from None
+    stdout, statuses = exit_statuses(done.stdout)
+    if done.returncode == 0:
+        return stdout
+    why = f"fanfs {args[0]} on {ranks} ranks: {why_failed(statuses, logs, done.stderr)}"
+    if statuses is not None or not retry:
+        raise RankFailed(why + ("" if retry else " (on its retry)"))
+    print(f"{why}; retrying once", flush=True)
+    return run_ranks(ranks, *args, logs=logs, launcher=launcher, timeout=timeout, retry=False)
 
 
 def make_tree(src: Path, files: int, size: int) -> list[str]:
@@ -61,19 +137,24 @@ def job(store: Path | str, base: Path, ranks: int, replicas: int, *options: str,
     serve_only = "--no-mount" in options
     for mountpoint in mounts if not serve_only else ():  # a node directory is made private by its node
         mountpoint.mkdir(exist_ok=True)
-    log = open(base / "job.log", "w")
+    log, logs = open(base / "job.log", "w"), base / "job-ranks"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir()
     proc = subprocess.Popen(mpi_fanfs(ranks, "mount", store, base / mnt, "--local-dir", base / local, "--replicas",
                                       str(replicas), "--peer-timeout", "2", "--foreground", *(options or ["--stage"]),
-                                      launcher=launcher),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                      launcher=launcher, logs=logs),
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        for mountpoint in mounts:
-            if serve_only:
-                deadline = time.monotonic() + 120
-                while not serving(str(mountpoint)):
-                    assert proc.poll() is None and time.monotonic() < deadline, "the nodes did not serve"
-                    time.sleep(0.1)
-            else:
+        for rank, mountpoint in enumerate(mounts):
+            deadline = time.monotonic() + 120
+            while not (serving(str(mountpoint)) if serve_only else os.path.ismount(mountpoint)):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RankFailed(f"fanfs mount on {ranks} ranks: rank {rank} did not "
+                                     f"{'serve' if serve_only else 'mount'} within 120 s"
+                                     f"{'' if proc.poll() is None else ' (the job ended)'}: "
+                                     f"{_last_line(logs / f'rank-{rank}.err')}")
+                time.sleep(0.1)
+            if not serve_only:
                 bl.run([*bl.FANFS, "wait", mountpoint, "--timeout", "120"], timeout=150)
         yield mounts
     finally:

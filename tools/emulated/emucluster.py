@@ -220,13 +220,21 @@ class Cluster:
         cases = "\n".join(f"  {n.name}) ns={n.netns}; ip={n.ip};;" for n in self.nodes)
         self.launcher.write_text(f"""#!/bin/sh
 # Hydra's ssh launcher calls this as: LAUNCHER [-x] HOST COMMAND...; run COMMAND in HOST's network namespace.
+# A proxy that ends badly is named here: mpiexec itself only says it lost one.
 while [ "${{1#-}}" != "$1" ]; do shift; done
 host=$1; shift
 case "$host" in
 {cases}
   *) echo "emucluster: no node named $host" >&2; exit 255;;
 esac
-exec nsenter --net={NETNS_DIR}/$ns env FANFS_PEER_HOST=$ip sh -c "$*"
+nsenter --net={NETNS_DIR}/$ns env FANFS_PEER_HOST=$ip sh -c "$*"
+code=$?
+if [ $code -gt 128 ]; then
+  echo "emucluster: node $host: its MPI proxy was killed by signal $((code - 128))" >&2
+elif [ $code -ne 0 ]; then
+  echo "emucluster: node $host: its MPI proxy exited with $code" >&2
+fi
+exit $code
 """)
         self.launcher.chmod(0o755)
 
