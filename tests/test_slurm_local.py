@@ -48,7 +48,9 @@ def test_start_run_a_two_node_job_stop_leaves_nothing(tmp_path):
         except subprocess.TimeoutExpired:  # say why the job did not end (seen once in a full suite at load 3-4)
             why = subprocess.run(["scontrol", "show", "job"], env=env, capture_output=True, text=True, timeout=30)
             nodes = subprocess.run(["sinfo", "-N", "-l"], env=env, capture_output=True, text=True, timeout=30)
-            raise AssertionError(f"the job did not end in 240 s:\n{why.stdout}\n{nodes.stdout}") from None
+            logs = "".join(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]) + "\n"
+                           for log in sorted((base / "log").glob("slurm*.log")))
+            raise AssertionError(f"the job did not end in 240 s:\n{why.stdout}\n{nodes.stdout}\n{logs}") from None
         assert done.returncode == 0, done.stdout + done.stderr
         assert sorted((tmp_path / "out.txt").read_text().split()) == ["n1", "n2"]
         subprocess.run(["sbatch", "-N", "2", "--output", "/dev/null", "--wrap", "srun sleep 600"],
