@@ -266,6 +266,17 @@ def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+SOCKET_PATH_MAX = 108
+"""A Unix socket's path, NUL included (``sun_path``).  munged's socket and slurmstepd's, one per step in the node's
+spool directory (``spool/nX/nX_JOB.STEP``), live under the base directory: one path too long fails every job's launch
+("launch failed requeued held": it failed so in the full suite, under pytest's deeper temporary directories)."""
+
+
+def step_socket_length(base: Path, nodes: int) -> int:
+    """Bytes of the longest step socket path of a cluster of ``nodes`` under ``base`` (job ids up to 10 digits)."""
+    return len(os.fsencode(base / "spool" / f"n{nodes}" / f"n{nodes}_{'9' * 10}.{2 ** 32 - 5}"))
+
+
 @contextlib.contextmanager
 def slurm_cluster(base_dir: Path, nodes: int = 3, *, cpus_per_node: int = 4,
                   start_timeout: float = 30) -> Iterator[SlurmCluster]:
@@ -276,10 +287,9 @@ def slurm_cluster(base_dir: Path, nodes: int = 3, *, cpus_per_node: int = 4,
     """
     kill_stale_clusters()
     base = Path(base_dir).resolve()
-    if len(str(base)) > 80:
-        # munged's socket and slurmstepd's sockets (spool/nX/nX_JOB.STEP) live under base_dir, and a
-        # Unix socket path has at most 107 bytes.
-        raise ValueError(f"base_dir too long for the daemons' Unix sockets (max 80 chars): {base}")
+    if (length := step_socket_length(base, nodes)) >= SOCKET_PATH_MAX:
+        raise ValueError(f"base_dir too long for the daemons' Unix sockets ({length} of at most {SOCKET_PATH_MAX - 1} "
+                         f"bytes): {base}")
     base.mkdir(parents=True, exist_ok=True)
     names = [f"n{i}" for i in range(1, nodes + 1)]
     conf, sock = write_config(base, names, cpus_per_node)

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_cluster import SlurmError, slurm_cluster
+from slurm_cluster import SOCKET_PATH_MAX, SlurmError, slurm_cluster, step_socket_length
 from slurm_processes import CONF_VAR, kill_all
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch")
@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= args.nodes <= 64:
         parser.error("-N takes 1 to 64 nodes")
     cluster = Cluster(args.dir)
-    if len(str(cluster.base)) > 80:
-        fail(f"--dir {cluster.base} is too long for the daemons' Unix sockets (80 characters at most)")
+    if (length := step_socket_length(cluster.base.resolve(), args.nodes)) >= SOCKET_PATH_MAX:
+        fail(f"--dir {cluster.base} is too deep for Slurm's step sockets ({length} of at most {SOCKET_PATH_MAX - 1} "
+             "bytes: a job would fail to launch): give a shorter --dir")
     {"start": lambda: start(cluster, args.nodes), "stop": lambda: stop(cluster), "status": lambda: status(cluster),
      "serve": lambda: serve(cluster, args.nodes)}[args.action]()
 
