@@ -138,3 +138,25 @@ def test_a_store_is_as_private_as_the_directories_above_it(shared):
     os.chmod(store, 0o700)
     os.chmod(shared / "home", 0o755)
     assert file_mode(readable_by_others(str(index))) == 0o600
+
+
+@as_another_user
+def test_a_store_packed_with_prefixes_is_as_readable_as_its_sources(shared):
+    """``PREFIX=SRC`` names SRC: a store packed from open sources under prefixes is as open as one without them (issue
+    41: it came out 0700/0600 without a word), and a private source under a prefix still makes a private store, which
+    pack says."""
+    for name in ("train", "val"):
+        (shared / name / "n01").mkdir(parents=True)
+        (shared / name / "n01" / "a.bin").write_bytes(os.urandom(3000))
+    old = os.umask(0o022)
+    try:
+        done = fanfs("pack", f"train={shared / 'train'}", f"val={shared / 'val'}", shared / "open", "--quiet")
+        assert "private" not in done.stderr
+        assert {line.split()[0] for line in opened_by_nobody(files_under(shared / "open"))} == {"read"}
+        assert (shared / "open").stat().st_mode & 0o777 == 0o755
+        os.chmod(shared / "val", 0o700)
+        done = fanfs("pack", f"train={shared / 'train'}", f"val={shared / 'val'}", shared / "closed", "--quiet")
+        assert opened_by_nobody(files_under(shared / "closed")) == []
+        assert "is as private as its sources" in done.stderr and "files 0600" in done.stderr, done.stderr
+    finally:
+        os.umask(old)

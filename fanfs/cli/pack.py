@@ -22,9 +22,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
     from ..records import pack_kinds
     from ..peers.world import launched_ranks, local_ranks
     from ..util.server import keep_large_buffers
+    from ..ingest.sources import split_source
     from ..util.privacy import narrow_umask, shared_read_bits
     keep_large_buffers()  # shards of members' bytes, and their copies, reuse heap pages (workers inherit it)
-    narrow_umask(shared_read_bits(src for src in args.src if src != "-"))  # the store: no more open than its sources
+    paths = [split_source(src)[1] for src in args.src]  # PREFIX=SRC: SRC's own read bits, not a missing path's none
+    narrowed = narrow_umask(shared_read_bits(path for path in paths if path != "-"))  # no more open than its sources
     ranks = launched_ranks()[1]
     jobs = args.jobs or max(1, len(os.sched_getaffinity(0)) // (local_ranks() if ranks > 1 else 1))
     options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=jobs,
@@ -67,6 +69,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if report.skipped:
         print(f"skipped {report.skipped:,} entries (special files, links pointing out of an archive): see the "
               "warnings")
+    if narrowed:
+        print(f"fanfs: note: {args.store} is as private as its sources, more than your umask makes files (directories "
+              f"{0o777 & ~narrowed:04o}, files {0o666 & ~narrowed:04o}); 'chmod -R go+rX {args.store}' opens it",
+              file=sys.stderr)
     return 0
 
 

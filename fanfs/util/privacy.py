@@ -55,8 +55,12 @@ def file_mode(read_bits: int) -> int:
     return 0o600 | read_bits
 
 
-def narrow_umask(read_bits: int) -> None:
+def narrow_umask(read_bits: int) -> int:
     """Make this process (and what it forks) create nothing readable, listable or enterable by a class that
-    ``read_bits`` leaves out, nor writable by anyone else; what the umask closed stays closed."""
-    closed = 0o077 & ~(read_bits | read_bits >> 2)
-    os.umask(os.umask(0) | closed)
+    ``read_bits`` leaves out, nor writable by anyone else; what the umask closed stays closed.  Returns the new
+    umask if it is narrower than the old one (the caller says so: a store more private than the user's umask
+    makes things), else 0."""
+    old = os.umask(0)
+    new = old | (0o077 & ~(read_bits | read_bits >> 2))
+    os.umask(new)
+    return new if new & 0o044 & ~old else 0
