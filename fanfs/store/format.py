@@ -7,8 +7,8 @@ A store is one directory::
     STORE/fidelity.json     optional: the fidelity curve measured once and saved with the store (:mod:`.saved`)
 
 The index container is ``MAGIC, version, JSON length, JSON, columns (64-byte aligned), xxh3-64 of all
-that``.  Columns are read with ``numpy.frombuffer`` on an mmap, so opening an index of millions of
-entries costs one checksum pass and no Python object per entry.
+that``.  Columns are ``numpy.frombuffer`` views of a private copy of the file, so opening an index of millions
+of entries costs one read and checksum pass and no Python object per entry.
 """
 
 from __future__ import annotations
@@ -130,41 +130,53 @@ def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.nda
     return size
 
 
-def read_index(path: str, data: bytes | bytearray | None = None
+def read_index(path: str, data: mmap.mmap | bytes | bytearray | None = None
                ) -> tuple[dict[str, Any], dict[str, np.ndarray], int, int, str | None]:
-    """Map an index, verify its checksum and version, and return (meta, read-only columns, its size, its
-    checksum, the file's identity: see :mod:`.trust`; None for ``data`` or a file written to meanwhile).
+    """Read an index into memory of this process's own, verify its checksum and version, and return (meta, read-only
+    columns, its size, its checksum, the file's identity: see :mod:`.trust`; None for ``data`` or a file written to
+    meanwhile).
 
-    The checksum is computed with buffered reads rather than through the map so that verifying a
-    large index does not leave it all resident in this process.  ``data``: the index file's bytes
-    already in memory (broadcast to the nodes of a job): the columns are views of it, no copy.
+    The columns are views of a private copy, never a mapping of the file: what was verified is what is served,
+    whatever happens to the file afterwards (rewritten in place, or cut short by ``cp`` or ``rsync --inplace``
+    over the store: a shared mapping served another file's bytes, or died of SIGBUS).  Anonymous memory, so the
+    serving processes forked later share it.  ``data``: the index file's bytes already in memory (broadcast to
+    the nodes of a job): the columns are views of it, no copy.
     """
     from .trust import file_identity
-    if data is not None:
-        view = memoryview(data)
-        json_len, digest = _check_index(path, len(data), lambda length, offset: view[offset:offset + length])
-        return (*_parse_index(data, json_len), digest, None)
-    try:
-        fd = open_regular(path)
-    except FileNotFoundError:
-        raise StoreError(f"{os.path.dirname(path) or '.'}: no index: not a fanfs store, or its pack did not finish "
-                         "(run 'fanfs pack' again)") from None
-    except OSError as err:
-        raise StoreError(f"{path}: cannot open the index: {err.strerror}") from None
-    try:
-        size = os.fstat(fd).st_size
-        before = file_identity(fd)
-        block = bytearray(1 << 20)  # one buffer for the whole pass: a fresh 8 MiB per read cost a page fault per 4 KiB
+    read_from = None
+    if data is None:
+        try:
+            fd = open_regular(path)
+        except FileNotFoundError:
+            raise StoreError(f"{os.path.dirname(path) or '.'}: no index: not a fanfs store, or its pack did not "
+                             "finish (run 'fanfs pack' again)") from None
+        except OSError as err:
+            raise StoreError(f"{path}: cannot open the index: {err.strerror}") from None
+        try:
+            before = file_identity(fd)
+            data = _read_private(fd, path)
+            read_from = before if file_identity(fd) == before else None  # not written to while it was read
+        finally:
+            os.close(fd)
+    view = memoryview(data)
+    json_len, digest = _check_index(path, len(data), lambda length, offset: view[offset:offset + length])
+    return (*_parse_index(data, json_len), digest, read_from)
 
-        def pread(length: int, offset: int) -> memoryview:
-            return memoryview(block)[:os.preadv(fd, [memoryview(block)[:length]], offset)]
 
-        json_len, digest = _check_index(path, size, pread)
-        mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-        same = file_identity(fd) == before  # not written to while it was read
-    finally:
-        os.close(fd)
-    return (*_parse_index(mapped, json_len), digest, before if same else None)
+def _read_private(fd: int, path: str) -> mmap.mmap | bytes:
+    """The whole file at ``fd`` in anonymous memory (a short read: the file was cut meanwhile, refused)."""
+    size = os.fstat(fd).st_size
+    if not size:
+        return b""
+    memory = mmap.mmap(-1, size)
+    view = memoryview(memory)
+    pos = 0
+    while pos < size:
+        got = os.preadv(fd, [view[pos:min(size, pos + _BLOCK)]], pos)
+        if got <= 0:
+            raise StoreError(f"{path}: index is truncated ({pos} of {size} bytes): it changed while it was read")
+        pos += got
+    return memory
 
 
 def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memoryview]) -> tuple[int, int]:
