@@ -14,7 +14,8 @@ import pytest
 from fanfs_command import fanfs, stats_command
 from support.crafting import rewrite
 
-from fanfs.store.format import INDEX_NAME, SHARD_DIR, shard_name
+from fanfs.serve import control
+from fanfs.store.format import INDEX_NAME, SHARD_DIR
 
 MIB = 1 << 20
 
@@ -56,3 +57,60 @@ def test_an_index_changed_or_cut_in_place_under_a_mount_changes_nothing_it_serve
         os.truncate(index, 100)  # cut in place: a mapping of it would be a SIGBUS
         assert (mnt / "b.bin").read_bytes() == (src / "b.bin").read_bytes()
         assert stats_command(mnt)["errors"] == 0  # the daemon still answers
+
+
+@pytest.fixture(scope="module")
+def large_file(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cut")
+    src = base / "src"
+    src.mkdir()
+    (src / "big.raw").write_bytes(np.random.default_rng(1).bytes(6 * MIB + 4321))  # an extent of 7 chunks
+    fanfs("pack", src, base / "store", "--quiet")
+    return src, base / "store"
+
+
+def _drop_pages(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _copy_holding(directory: Path, size: int) -> Path:
+    """The one file under ``directory`` large enough to hold the extent (a shard, or the lazy cache's data)."""
+    files = [path for path in directory.rglob("*") if path.is_file() and path.stat().st_size >= size]
+    assert len(files) == 1, files
+    return files[0]
+
+
+@pytest.mark.parametrize("copy", ["store", "staged", pytest.param("lazy", marks=pytest.mark.slow)])
+def test_an_extent_whose_copy_is_cut_after_it_was_verified_is_never_served_short(large_file, tmp_path, mount, copy):
+    """Cut the copy an extent is spliced from once its chunks were verified: the read is the file's bytes from another
+    copy (the lazy cache reads through to the store), or EIO and a log line (no other copy: the store's own shard, a
+    node's staged share); never a shorter file, and the whole file again once the copy is whole."""
+    src, original = large_file
+    store = tmp_path / "store"
+    shutil.copytree(original, store)
+    want = (src / "big.raw").read_bytes()
+    options = () if copy == "store" else ("--local-dir", str(tmp_path / "local"), "--stage", {"staged": "full"}.get(copy, copy))
+    with mount(store, *options) as mnt:
+        path = mnt / "big.raw"
+        assert path.read_bytes() == want  # every chunk verified in the copy
+        victim = _copy_holding(store / SHARD_DIR if copy == "store" else tmp_path / "local", len(want))
+        whole = victim.read_bytes()
+        _drop_pages(path)
+        os.truncate(victim, len(whole) - 3 * MIB)
+        try:
+            got = path.read_bytes()
+            assert got == want, "a short or wrong file"  # from another copy (the store's shard)
+            assert copy == "lazy", "no other copy: the read had to fail"
+        except OSError as err:
+            assert err.errno == errno.EIO and copy != "lazy", err
+            lines = [line for line in Path(control.log_path(str(mnt))).read_text().splitlines() if "EIO" in line]
+            assert lines and all("big.raw" in line and "short read" in line for line in lines), lines
+        assert path.stat().st_size == len(want)
+        with open(victim, "r+b") as f:  # whole again (the original bytes)
+            f.write(whole)
+        _drop_pages(path)
+        assert path.read_bytes() == want

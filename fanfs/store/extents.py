@@ -114,11 +114,12 @@ class ExtentPlaces:
         stream = self._stream(entry, source)
         if stream is None:
             return None
-        for blob in blobs:
-            if self._verified[blob] != source + 1 and not self._verify(stream, blob, start + (blob - blobs[0]) * chunk):
-                with self._lock:
-                    stream.users -= 1
-                return None
+        position = start + offset % chunk
+        if not all(self._verified[blob] == source + 1 or self._verify(stream, blob, start + (blob - blobs[0]) * chunk)
+                   for blob in blobs) or not self._covers(stream, blobs, position + end - offset):
+            with self._lock:
+                stream.users -= 1
+            return None
         served = self._sources[source].served_in_place
         for blob in blobs:
             low = max(offset, (blob - first) * chunk)
@@ -127,7 +128,21 @@ class ExtentPlaces:
         stats.reads += 1
         stats.bytes_presented += end - offset
         stats.bytes_spliced += end - offset
-        return stream, start + offset % chunk
+        return stream, position
+
+    def _covers(self, stream: _Stream, blobs: range, end: int) -> bool:
+        """Whether the copy still holds the bytes up to ``end``: a copy cut after its chunks were verified would be
+        spliced short, and the kernel takes a short reply for the file's end (it shrank the file for the rest of
+        the mount).  Its chunks are then verified again before they are spliced from it; the copy path reads them
+        meanwhile (another copy, or EIO and a log line)."""
+        try:
+            if os.fstat(stream.fd).st_size >= end:
+                return True
+        except OSError:
+            pass
+        for blob in blobs:
+            self._verified[blob] = 0
+        return False
 
     def _where(self, blob: int, shard: int) -> tuple[int, int] | None:
         """The first source that may hold the blob, and where it keeps it (None: that source cannot say)."""
