@@ -34,3 +34,8 @@ class DataError(OSError):
 
 class UsageError(FanfsError, ValueError):
     """A bad option value or combination (the command line maps it to exit status 1)."""
+
+
+class WouldWait(Exception):
+    """Bytes asked for without waiting are not in memory: reading them would wait on a disk (or a peer).  Not a
+    fault: the serving loop hands the read to a thread that may wait (:mod:`fanfs.store.resident`)."""

@@ -292,13 +292,14 @@ def test_an_order_with_a_64_kib_line_is_taken(one_file_store, tmp_path, mount):
     assert "(65,536 characters)" in done.stdout and len(done.stdout) < 1000
 
 
-def test_an_order_told_to_a_mount_that_is_not_lazy_says_why_it_is_ignored(one_file_store, tmp_path, mount):
-    """Issue 35: 'unknown command 'order'' told a user nothing; the mount says why it has nothing to fetch ahead."""
+def test_an_order_told_to_a_mount_that_reads_nothing_ahead_says_why(one_file_store, tmp_path, mount):
+    """Issue 35: 'unknown command 'order'' told a user nothing; a mount whose read-ahead budget is 0 says why it takes
+    no order (issue 40: every other mount reads an order ahead)."""
     (tmp_path / "order").write_text("a\n")
-    with mount(one_file_store) as mnt:
+    with mount(one_file_store, "--prefetch", "0") as mnt:
         done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert "not lazily staged" in done.stderr and "--stage lazy" in done.stderr and "unknown" not in done.stderr
+    assert "--prefetch budget is 0" in done.stderr and "unknown" not in done.stderr
 
 
 @pytest.mark.slow

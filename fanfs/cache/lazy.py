@@ -13,7 +13,6 @@ cache holds (:meth:`~fanfs.cache.localcache.DiskCache.recover`).
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import shutil
 from collections.abc import Callable
@@ -46,11 +45,10 @@ EVERY_BYTE = 1 << 62  # a read's size that covers any file
 @dataclass
 class LazyShare(StagedShare):
     """A lazily staged node's sources: its cache (``local``), the shared store read through (``shared``); and what
-    the node keeps (``plan``), its cache files, and the byte per blob its readers touch (the daemon's only)."""
+    the node keeps (``plan``) and its cache files."""
 
     plan: CachePlan | None = None
     cache: DiskCache | None = None
-    touched: np.ndarray | None = None  # per blob, the tick of its last read by this node
     rank: int = 0  # the node's
 
 
@@ -67,7 +65,6 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
     if owner:
         make_local_dir(local_dir)
     cache = DiskCache(local_dir, index, store_id, owner=owner)
-    touched = None
     if owner:
         dropped = cache.recover(keep)
         held = cache.held_bytes()
@@ -76,10 +73,8 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
                  if dropped else "", human_size(plan.kept_bytes(rank)), human_size(plan.share_bytes(rank)),
                  f" (capacity {human_size(capacity)})" if capacity is not None else "")
         _warn_if_short(local_dir, plan.kept_bytes(rank) + plan.window - held, capacity)
-        touched = np.frombuffer(mmap.mmap(-1, max(4, 4 * blobs)), np.uint32, blobs)  # shared with the serving processes
-    local = CachedShards(cache, keep, shared, local_dir, memoryview(touched) if touched is not None else None)
-    return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, touched,  # type: ignore[arg-type]
-                     rank)
+    local = CachedShards(cache, keep, shared, local_dir)
+    return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, rank)  # type: ignore[arg-type]
 
 
 class FirstHolderFirst(ShardSource):
@@ -137,14 +132,12 @@ def cached_is_local(store_of: Callable[[], Store], cache: DiskCache) -> Callable
     return is_local
 
 
-def lazy_stats(share: LazyShare, counters: dict[str, Any], prefetcher: Any = None) -> dict[str, Any]:
-    """For ``fanfs stats``: what the cache may hold and holds, its hits, what it fetched and what was read through;
-    what ``prefetcher`` (:class:`.prefetch.Prefetcher`) fetched ahead, once it was given an order."""
+def lazy_stats(share: LazyShare, counters: dict[str, Any]) -> dict[str, Any]:
+    """For ``fanfs stats``: what the cache may hold and holds, its hits, what it fetched and what was read through."""
     assert share.cache is not None and share.plan is not None
     cache, plan = share.cache, share.plan
     return {"cache": {"capacity": plan.capacity, "window": plan.window,
                       "keeps_bytes": plan.kept_bytes(share.rank), "share_bytes": plan.share_bytes(share.rank),
                       "held_bytes": cache.held_bytes(), "kept_bytes": cache.held_bytes((KEPT,)),
                       "ahead_bytes": cache.held_bytes((AHEAD, SPENT)), **counters.get("cache", {}),
-                      "read_through_bytes": counters["by_source"].get(share.shared.name, 0)},
-            **({"prefetch": prefetcher.stats()} if prefetcher is not None and prefetcher.ordered else {})}
+                      "read_through_bytes": counters["by_source"].get(share.shared.name, 0)}}

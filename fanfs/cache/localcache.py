@@ -24,7 +24,6 @@ import logging
 import mmap
 import os
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,8 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FanfsError, NotHeld
+from ..errors import FanfsError, NotHeld, WouldWait
 from ..util.checksum import checksum
+from ..store.resident import Unsupported, pread_resident
+from .keyedlocks import KeyedLocks
 from ..store.sources import ShardSource, reopen
 
 log = logging.getLogger("fanfs")
@@ -53,14 +54,6 @@ _FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock on 64-bit Linux
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-TICKS_PER_SECOND = 100
-
-
-def tick() -> int:
-    """Now, in the unit of a blob's read tick (1/100 s, since boot; a uint32 lasts a year)."""
-    return int(time.monotonic() * TICKS_PER_SECOND) & 0xFFFFFFFF
-
-
 def footprints(stored: np.ndarray) -> np.ndarray:
     """Bytes each blob occupies in the cache: its stored size up to whole 4 KiB blocks."""
     return (np.asarray(stored, np.int64) + BLOCK - 1) // BLOCK * BLOCK
@@ -69,34 +62,6 @@ def footprints(stored: np.ndarray) -> np.ndarray:
 def state_file_bytes(blobs: int) -> int:
     """What the state file occupies on disk (counted in a node's budget)."""
     return -(-(HEADER_SIZE + blobs) // BLOCK) * BLOCK
-
-
-class KeyedLocks:
-    """A lock per key (a blob), made while some thread wants it: threads of one process, which share its file locks."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._held: dict[int, list[Any]] = {}
-
-    @contextmanager
-    def hold(self, key: int) -> Iterator[None]:
-        with self._guard:
-            entry = self._held.get(key)
-            if entry is None:
-                entry = self._held[key] = [threading.Lock(), 0]
-            entry[1] += 1
-        entry[0].acquire()
-        try:
-            yield
-        finally:
-            entry[0].release()
-            with self._guard:
-                entry[1] -= 1
-                if not entry[1]:
-                    del self._held[key]
-
-    def after_fork(self) -> None:
-        self.__init__()  # type: ignore[misc]  (what another thread held at the fork is no one's here)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -156,6 +121,7 @@ class DiskCache:
         self.states = np.frombuffer(self._map, np.uint8, self.blobs, HEADER_SIZE)
         self._states = memoryview(self._map)[HEADER_SIZE:]
         self._locks = KeyedLocks()
+        self._nowait = True  # its file system can read without waiting (RWF_NOWAIT)
         self.punch_failed = False
 
     # --- what is here -----------------------------------------------------------------------------
@@ -173,20 +139,30 @@ class DiskCache:
         """Bytes on disk of the blobs in ``states`` (by default every one that occupies its slot)."""
         return int(self.footprint[np.isin(self.states, states)].sum())
 
-    def read(self, blob: int, length: int) -> bytes | None:
+    def read(self, blob: int, length: int, wait: bool = True) -> bytes | None:
         """The local copy of a blob that is here (None if it is not): a kept one at once; one fetched ahead under its
-        lock, which :meth:`drop` respects (and marked spent: it was read)."""
+        lock, which :meth:`drop` respects (and marked spent: it was read).  ``wait=False``: WouldWait where that
+        would wait on the disk, or on a fill or drop under way."""
         state = self._states[blob]
         if state == KEPT:
-            return os.pread(self._data, length, self._slot[blob])
+            return self._pread(blob, length, wait)
         if state not in (AHEAD, SPENT):
             return None
-        with self._locks.hold(blob), self._file_lock(blob, fcntl.F_RDLCK):
+        with self._locks.hold(blob, wait), self._file_lock(blob, fcntl.F_RDLCK, wait):
             if self._states[blob] not in (AHEAD, SPENT):
                 return None  # dropped meanwhile
-            data = os.pread(self._data, length, self._slot[blob])
+            data = self._pread(blob, length, wait)
             self._states[blob] = SPENT
             return data
+
+    def _pread(self, blob: int, length: int, wait: bool) -> bytes:
+        if wait or not self._nowait:
+            return os.pread(self._data, length, self._slot[blob])
+        try:
+            return pread_resident(self._data, length, self._slot[blob])
+        except Unsupported:  # a cache on tmpfs, which never waits
+            self._nowait = False
+            return os.pread(self._data, length, self._slot[blob])
 
     # --- filling and dropping ---------------------------------------------------------------------
 
@@ -266,17 +242,20 @@ class DiskCache:
     # --- locks on state bytes: threads of this process by KeyedLocks, processes by file locks -----------
 
     @contextmanager
-    def _file_lock(self, blob: int, kind: int) -> Iterator[None]:
-        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW, _FLOCK.pack(kind, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
+    def _file_lock(self, blob: int, kind: int, wait: bool = True) -> Iterator[None]:
+        if wait:
+            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW, _FLOCK.pack(kind, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
+        elif not self._file_lock_taken(blob, False, kind):
+            raise WouldWait  # another process fills or drops it
         try:
             yield
         finally:
             self._unlock(blob)
 
-    def _file_lock_taken(self, blob: int, wait: bool) -> bool:
+    def _file_lock_taken(self, blob: int, wait: bool, kind: int = fcntl.F_WRLCK) -> bool:
         try:
             fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK,
-                        _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
+                        _FLOCK.pack(kind, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
             return True
         except OSError as err:
             if err.errno in (errno.EAGAIN, errno.EACCES):
@@ -315,30 +294,21 @@ class DiskCache:
 class CachedShards(ShardSource):
     """A node's blobs from its :class:`DiskCache`: any blob that is there (kept, or fetched ahead of a read), and the
     blobs it keeps (``keep``, a bool per blob) fetched from ``shared`` at their first read.  Others are NotHeld: a
-    peer or the shared store serves them.  ``touched`` (a uint32 per blob, shared with the node's prefetcher) gets
-    the :func:`tick` of every read of a blob: how the prefetcher sees where the readers are."""
+    peer or the shared store serves them."""
 
-    def __init__(self, cache: DiskCache, keep: np.ndarray, shared: ShardSource, name: str,
-                 touched: memoryview | None = None) -> None:
+    def __init__(self, cache: DiskCache, keep: np.ndarray, shared: ShardSource, name: str) -> None:
         self.cache = cache
         self.held = keep  # what a peer may ask this node for (its peer server checks it)
         self._keep = memoryview(keep)
         self.shared = shared
         self.name = name
-        self.touched = touched
         self.hits = self.hit_bytes = self.fills = self.fill_bytes = self.unkept = 0
         self._warned = -REPORT_EVERY
 
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
-        if self.touched is not None:
-            self.touched[blob] = tick()
-        data = self.cache.read(blob, length)
+        data = self._here(blob, length, True)
         if data is not None:
-            self.hits += 1
-            self.hit_bytes += len(data)
             return data
-        if not self._keep[blob]:
-            raise NotHeld("not kept by this node")
         data, fetched, why = self.cache.fill(blob, lambda: self.shared.read(blob, shard, offset, length))
         if fetched:
             self.fills += 1
@@ -355,10 +325,27 @@ class CachedShards(ShardSource):
                             self.cache.directory, why, self.shared.name, self.unkept)
         return data
 
+    def read_resident(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        """A blob here whose bytes are in memory; WouldWait for any other (a fill from the shared store waits)."""
+        data = self._here(blob, length, False)
+        if data is None:
+            raise WouldWait
+        return data
+
+    def _here(self, blob: int, length: int, wait: bool) -> bytes | None:
+        """The copy here (counted as a hit), or None if the node keeps the blob but has no copy yet; NotHeld if it
+        does not keep it."""
+        data = self.cache.read(blob, length, wait)
+        if data is not None:
+            self.hits += 1
+            self.hit_bytes += len(data)
+            return data
+        if not self._keep[blob]:
+            raise NotHeld("not kept by this node")
+        return None
+
     def place(self, blob: int, shard: int, offset: int) -> int | None:
         """A kept blob that is here (never dropped while the mount serves); None for others (read them)."""
-        if self.touched is not None:
-            self.touched[blob] = tick()
         if (state := self.cache.state(blob)) < AHEAD and not self._keep[blob]:
             raise NotHeld("not kept by this node")
         return int(self.cache.slot[blob]) if state == KEPT else None
@@ -371,13 +358,6 @@ class CachedShards(ShardSource):
 
     def reopen(self, shard: int, offset: int) -> int | None:
         return self.cache.reopen()
-
-    def read_run(self, first: int, count: int) -> bytes:
-        """Asked first for a run of blobs a read lacks (the store then fetches it from a peer in one round trip): the
-        cache gives blobs one at a time, but notes the read for the prefetcher."""
-        if self.touched is not None:
-            self.touched[first] = tick()
-        raise NotHeld("the cache gives one blob at a time")
 
     def rejected(self, blob: int) -> None:
         """The copy this gave failed the Store's check: drop it, so that the next read fetches it again."""

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..records import Presentation, blobs_read
+from ..serve.daemon import Hooks
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
@@ -27,8 +28,11 @@ from ..peers.peer import PeerClient, RemoteBlobs, StagedBlobs, remote_sources
 from ..peers.placement import Placement, place
 from ..peers.world import World
 from ..util.runtime import private_dir
+from .follow import OrderFollower
 from .lazy import FirstHolderFirst, LazyShare, cached_is_local, lazy_share, lazy_stats
-from .prefetch import Prefetcher, follow_orders
+from .order import order_command
+from .pagecache import PageCacheAhead
+from .prefetch import Prefetcher
 from .stage import LOCAL_DIR_REMEDY, StagedShare, held_parts, stage, staged_presentation, staged_share, staged_stats
 
 log = logging.getLogger("fanfs")
@@ -123,30 +127,52 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
 
 
 class CacheHooks:
-    """What a node's mount adds for its cache (the serving daemon's, never an in-process reader's): the figures of
-    its share for ``fanfs stats``; for a lazy cache, its counters (kept in each serving process) and its prefetcher,
-    given an order by the control command ``order`` and the presentation shown as it is switched."""
+    """What a mount adds for its cache (the serving daemon's, never an in-process reader's): its read-ahead of a known
+    order (a lazily staged node's prefetcher into its cache, else the page cache's, within ``budget`` bytes;
+    :mod:`.follow`), given an order by the control command ``order`` and the presentation shown as it is switched;
+    and, for a node (``node``), the figures of its share for ``fanfs stats`` and a lazy cache's counters."""
 
-    def __init__(self, node: NodeStore, presentation: Presentation, mountpoint: str) -> None:
-        self.share = node.share
-        self.prefetcher: Prefetcher | None = None
-        self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+    def __init__(self, store: Store, presentation: Presentation, mountpoint: str, budget: int,
+                 node: NodeStore | None = None) -> None:
+        self.share = node.share if node is not None else None
+        self.follower: OrderFollower | None = None
         if isinstance(self.share, LazyShare):
-            self.prefetcher, self.commands = follow_orders(node.store, self.share, node.remotes, presentation,
-                                                           mountpoint)
+            self.follower = Prefetcher(store, self.share, node.remotes if node else [], presentation)
+        elif budget > 0:
+            self.follower = PageCacheAhead(store, presentation, budget)
+        follow = self.follower.order if self.follower is not None else _no_budget
+        self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "order": order_command(follow, store.index, mountpoint)}
 
     def stats(self, counters: dict[str, Any]) -> dict[str, Any]:
-        share = self.share
-        return {**staged_stats(share, counters["by_source"]),
-                **(lazy_stats(share, counters, self.prefetcher) if isinstance(share, LazyShare) else {})}
+        share, follower = self.share, self.follower
+        out = {} if share is None else {**staged_stats(share, counters["by_source"]),
+                                        **(lazy_stats(share, counters) if isinstance(share, LazyShare) else {})}
+        if follower is not None and follower.ordered:
+            out["prefetch"] = follower.stats()
+        return out
 
     def counters(self) -> dict[str, Any]:
         return self.share.local.counters() if isinstance(self.share, LazyShare) else {}
 
     def present(self, presentation: Presentation) -> None:
-        if self.prefetcher is not None:
-            self.prefetcher.presentation = presentation
+        if self.follower is not None:
+            self.follower.presentation = presentation
 
     def close(self) -> None:
-        if self.prefetcher is not None:
-            self.prefetcher.close()
+        if self.follower is not None:
+            self.follower.close()
+
+    def hooks(self) -> Hooks:
+        """What a mount alone adds (a job's node adds its peers' too)."""
+        return Hooks(counters=self.counters, commands=self.commands, extra_stats=self.stats, on_present=self.present)
+
+
+def store_hooks(presentation: Presentation, mountpoint: str, budget: int) -> Callable[[Store], Hooks]:
+    """For ``fanfs mount STORE MNT`` (no local directory): the hooks of a mount straight on a store, once it is open."""
+    return lambda store: CacheHooks(store, presentation, mountpoint, budget).hooks()
+
+
+def _no_budget(stream: str, entries: np.ndarray) -> None:
+    raise ValueError("this mount reads nothing ahead: its --prefetch budget is 0 (mount with --prefetch SIZE, e.g. "
+                     "512M, to read the order's next files ahead)")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from ..errors import UsageError
 from .args import positive, positive_size, size
 from .presentation import add_presentation_options, as_text, known, presentation_values
-from .serve import add_stage_options, check_stage_options
+from .serve import add_prefetch_option, add_stage_options, check_stage_options
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -94,7 +94,7 @@ def cmd_job_serve(args: argparse.Namespace) -> int:
     from ..util.server import default_workers
     values = presentation_values(args)
     options = MountOptions(cache_size=args.cache_size, workers=args.workers or default_workers(),
-                           presentation=known(values))
+                           presentation=known(values), prefetch=args.prefetch)
     check_stage_options(args)
     serve_node(os.path.abspath(args.store), options, replicas=args.replicas, auto=unresolved(values),  # once for the job
                mount_fuse=not args.no_mount, stage=args.stage or "full", capacity=args.capacity)
@@ -138,6 +138,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("store", help="the store, on a file system every node sees")
     p.add_argument("--no-mount", action="store_true", help="serve peers and in-process readers, mount nothing")
     add_stage_options(p, stage="full")
+    add_prefetch_option(p)
     p.add_argument("--replicas", type=positive, default=1, help="copies of each shard across the nodes (default 1)")
     add_presentation_options(p)
     p.add_argument("--cache-size", type=size, default="1G", help="the mount's cache for decoded blobs (default 1G)")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UsageError
-from ..serve.readahead import READAHEAD
+from ..serve.readahead import PREFETCH, READAHEAD
 from ..util.deadline import DEFAULT_SECONDS
 from ..util.deadline import VARIABLE as STORE_TIMEOUT_VARIABLE
 from ..util.server import default_workers
@@ -39,7 +39,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     presentation = known(values) if job else resolved(args.store, values)
     options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,
                            allow_other="allow_other" in args.o, debug=args.debug,
-                           workers=args.workers or default_workers(), readahead=args.readahead)
+                           workers=args.workers or default_workers(), readahead=args.readahead, prefetch=args.prefetch)
     if args.local_dir is not None:
         from ..cluster.node import mount_node
         from ..cluster.serving import NodeOptions
@@ -47,8 +47,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
                            capacity=args.capacity, auto=unresolved(values), peer_timeout=args.peer_timeout, serve_only=args.no_mount)
         pid = mount_node(os.path.abspath(args.store), os.path.abspath(args.mountpoint), node)
     else:
+        from ..cache.share import store_hooks
         from ..serve.daemon import mount
-        pid = mount(args.store, args.mountpoint, options)
+        pid = mount(args.store, args.mountpoint, options, store_hooks(presentation, os.path.abspath(args.mountpoint),
+                                                                      args.prefetch))
     if not args.foreground:
         from ..serve.control import log_path
         print(f"mounted {args.store} at {args.mountpoint} (daemon pid {pid}, log {log_path(args.mountpoint)})")
@@ -200,6 +202,9 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
                      f"{human_size(stats['bytes_verified'])} of those pages read here once to verify them")
     if stats.get("readahead"):
         lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files)")
+    if "reads_in_memory" in stats:
+        lines.append(f"requests   {stats['reads_in_memory']:,} answered at once (their bytes were in memory), "
+                     f"{stats['reads_deferred']:,} by threads that waited on a disk or a peer")
     if "lookups" in stats:  # a mount's requests for names: one per name not seen in a listing first
         lines.append(f"names      {stats['lookups']:,} looked up, {stats['listed']:,} given with their attributes in listings")
     lines.append(f"blobs      {hits + misses:,} read, {hits:,} of them from fanfs's memory cache (--cache-size keeps only "
@@ -265,6 +270,15 @@ def check_stage_options(args: argparse.Namespace) -> None:
         raise UsageError("--capacity is the budget of a cache filled as the node reads: add --stage lazy")
 
 
+def add_prefetch_option(p: argparse.ArgumentParser) -> None:
+    """``--prefetch SIZE`` (mount, job serve): the read-ahead budget of a known order."""
+    p.add_argument("--prefetch", type=size, default=human_size(PREFETCH), metavar="SIZE",
+                   help=f"memory the mount may fill ahead of its readers once it knows their order ('fanfs ctl --order', "
+                        f"fanfs.train's samplers): the next files' bytes are read into the page cache before they are "
+                        f"opened (default {human_size(PREFETCH)}; 0: read nothing ahead; a --stage lazy node fetches "
+                        f"ahead into its cache's window instead)")
+
+
 def add_stage_options(p: argparse.ArgumentParser, stage: Any = "") -> None:
     """``--stage [full|lazy]`` and ``--capacity SIZE`` (mount, job serve)."""
     p.add_argument("--stage", nargs="?", const="full", default=stage, choices=("full", "lazy"), metavar="full|lazy",
@@ -292,6 +306,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                    help=f"the kernel's readahead in the mount's files (default {human_size(READAHEAD)}: large files are "
                         "then asked for in 1 MiB requests, not 128 KiB; setting it needs root, else the kernel's "
                         "stays and the log says how to raise it; 0: leave the kernel's)")
+    add_prefetch_option(p)
     p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for a peer before asking the next holder (default 5)")
     p.add_argument("--store-timeout", type=nonnegative_float, metavar="SECONDS",

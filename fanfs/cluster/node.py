@@ -30,7 +30,7 @@ from ..errors import FanfsError, StoreError
 from .. import tune  # noqa: F401  (registers the resolvers of auto values)
 from ..records import Presentation, Value, check_presentation, resolve, unresolved
 from ..serve.control import MountLock
-from ..serve.daemon import Hooks, check_mountpoint, opened_paths, setup_logging, start
+from ..serve.daemon import check_mountpoint, opened_paths, setup_logging, start
 from ..store import Store
 from ..store.index import Index
 from ..util.mounts import mounted, unmount
@@ -107,10 +107,9 @@ def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: M
                           options.mount.presentation, alone=True)
     node = node_store(store_root, index, 0, 1, 1, options.local_dir, staged, None, options.mount.cache_size,
                       lazy=options.stage == "lazy", capacity=options.capacity, owner=True)
-    cache = CacheHooks(node, staged, mountpoint)
-    hooks = Hooks(counters=cache.counters, commands=cache.commands, extra_stats=cache.stats, on_present=cache.present)
+    cache = CacheHooks(node.store, staged, mountpoint, options.mount.prefetch, node)
     try:
-        return start(node.store, mountpoint, options.mount, lock=lock, hooks=hooks)
+        return start(node.store, mountpoint, options.mount, lock=lock, hooks=cache.hooks())
     finally:
         cache.close()
 

@@ -143,7 +143,7 @@ def serve_job(plan: Plan, mountpoint: str, end: PeerEnd, lock: MountLock) -> Non
     wake = os.pipe() if options.serve_only else None  # a node serving without a mount waits on it for its end
     stopper = Stopper(mountpoint, (lambda: os.write(wake[1], b"e")) if wake else None)
     server = end.answer(index, share.local, plan.publics, rank, on_bye=lambda peer: stopper.stop(f"rank {peer} is done"))
-    cache = CacheHooks(node, options.mount.presentation, mountpoint)
+    cache = CacheHooks(node.store, options.mount.presentation, mountpoint, options.mount.prefetch, node)
 
     def ready() -> None:
         stopper.serving()

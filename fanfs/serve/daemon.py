@@ -28,7 +28,7 @@ from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
 from ..util.workers import exited, wait_ended
 from . import control
-from .readahead import READAHEAD
+from .readahead import PREFETCH, READAHEAD
 
 log = logging.getLogger("fanfs")
 
@@ -46,6 +46,7 @@ class MountOptions:
     debug: bool = False
     workers: int = 1  # serving processes (fanfs.serve.workers); 1: one loop in the daemon itself
     readahead: int = READAHEAD  # the kernel's readahead window asked for (fanfs.serve.readahead); 0: its default
+    prefetch: int = PREFETCH  # bytes read ahead of a known order (fanfs.cache.follow); 0: none
 
 
 @dataclass
@@ -103,14 +104,6 @@ def _at_or_under(path: str, directory: tuple[int, int]) -> bool:
         current = parent
 
 
-def _order_ignored(message: dict[str, Any]) -> dict[str, Any]:
-    """The order of coming reads, told to a mount that has nothing to fetch ahead (a lazily staged node's hooks
-    take it instead): said why, so that a sampler's warning and ``ctl --order`` explain themselves."""
-    raise ValueError("the order is ignored: this mount is not lazily staged (mount --local-dir DIR --stage lazy, or "
-                     "FANFS_STAGE=lazy in a job), so it has nothing to fetch ahead: every file is read from its "
-                     "staged copy or the store when opened")
-
-
 def opened_paths(store_root: str, local_dir: str | None = None) -> dict[str, str]:
     """What a daemon serving ``store_root`` opens while it serves: none may lie under its mount point.
     Its index and shards are named one by one, since any of them may be a symbolic link elsewhere."""
@@ -127,8 +120,10 @@ def opened_paths(store_root: str, local_dir: str | None = None) -> dict[str, str
     return paths
 
 
-def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
-    """Open and check the store here (clear errors), then serve it; returns the daemon's pid."""
+def mount(store_path: str, mountpoint: str, options: MountOptions,
+          hooks: Callable[[Store], Hooks] | None = None) -> int:
+    """Open and check the store here (clear errors), then serve it; returns the daemon's pid.  ``hooks``: what the
+    caller adds to the mount of the opened store (its read-ahead)."""
     mountpoint = os.path.abspath(mountpoint)
     if options.foreground:
         setup_logging(options.debug)
@@ -138,7 +133,7 @@ def mount(store_path: str, mountpoint: str, options: MountOptions) -> int:
         check_mountpoint(mountpoint, opened_paths(store_path))
         store = Store(os.path.abspath(store_path), cache_size=options.cache_size)
         check_presentation(store.index, options.presentation)
-        return start(store, mountpoint, options, lock=lock)
+        return start(store, mountpoint, options, lock=lock, hooks=hooks(store) if hooks is not None else None)
     finally:
         lock.remove()  # unless start() handed it to the daemon: the mount was refused before it
 
@@ -219,7 +214,8 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
             hooks.serving()
 
     def counters() -> Counters:
-        return {**store.stats.as_dict(), "lookups": fs.lookups, "listed": fs.listed,
+        return {**store.stats.as_dict(), "lookups": fs.lookups, "listed": fs.listed, "reads_in_memory": fs.in_memory,
+                "reads_deferred": fs.deferred,
                 **(hooks.counters() if hooks.counters else {})}
 
     def stats(message: dict[str, Any]) -> dict[str, Any]:
@@ -248,7 +244,6 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
                              "workers": options.workers, "readahead": fs.readahead(), **fs.presentation},
         "stats": stats,
         "present": present,
-        "order": _order_ignored,
         **hooks.commands,
     })
     try:

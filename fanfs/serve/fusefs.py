@@ -33,6 +33,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..records import FULL, Presentation, check_presentation, kinds
+from ..errors import WouldWait
 from ..store import Store
 from ..store.format import DIR, FILE
 from ..store.shared import SharedChunks
@@ -54,17 +55,17 @@ WORKERS = 8
 on the GIL)."""
 
 
-def reply_extent(req: int, store: Store, entry: int, view: int, size: int, offset: int) -> None:
-    """Answer a read of an extent from its copy's pages (spliced), or by the copy path where that cannot be."""
-    with store.extents.located(entry, offset, size) as found:  # type: ignore[union-attr]  (a store with extents)
-        if found is not None:
-            splice.reply_fd(req, *found)
-            return
-    ll.reply_spans(req, store.spans(entry, offset, size, view))
+def reply_extent(req: int, store: Store, entry: int, view: int, offset: int, size: int, wait: bool = True) -> None:
+    """Answer a read of an extent from its copy's pages (spliced), or by the copy path where that cannot be.
+    ``wait=False``: WouldWait unless the pages are verified and in memory (nothing then waits on a disk)."""
+    if not store.extents.serve(entry, offset, size, lambda fd, position, length: splice.reply_fd(req, fd, position, length),  # type: ignore[union-attr]
+                               wait):
+        ll.reply_spans(req, store.spans(entry, offset, size, view, wait))
 
 
 class Deferred:
-    """Worker threads that answer read requests the loop hands over, replying to the kernel themselves."""
+    """Worker threads that answer read requests the loop hands over (their bytes are not in memory: they wait on a
+    disk or a peer), replying to the kernel themselves; several disk reads are in flight at once."""
 
     def __init__(self, store: Store, workers: int = WORKERS, splice: bool = False) -> None:
         """``splice``: extents are answered from their copies' pages (the connection splices)."""
@@ -75,16 +76,16 @@ class Deferred:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
-        self._jobs.put((req, self._read, entry, view, size, offset))
+    def submit(self, req: int, entry: int, view: int, offset: int, size: int) -> None:
+        self._jobs.put((req, self._read, entry, view, offset, size))
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             ll.answer(*job)
 
-    def _read(self, req: int, entry: int, view: int, size: int, offset: int) -> None:
+    def _read(self, req: int, entry: int, view: int, offset: int, size: int) -> None:
         if self._extents is not None and self._extents.is_extent[entry]:
-            reply_extent(req, self.store, entry, view, size, offset)
+            reply_extent(req, self.store, entry, view, offset, size)
         else:
             ll.reply_spans(req, self.store.spans(entry, offset, size, view))
 
@@ -157,6 +158,8 @@ class FanfsFS:
         self._spliced: memoryview | None = None  # per entry: whether its reads are spliced (once the kernel agreed)
         self.lookups = 0  # lookup requests answered, and names answered in listings with their attributes
         self.listed = 0
+        self.in_memory = 0  # reads answered in the loop (their bytes were in memory), and handed to worker threads
+        self.deferred = 0
         totals = store.meta["totals"]
         self._statfs = ll.StatVfs(f_bsize=4096, f_frsize=4096, f_blocks=-(-totals["bytes_presented"] // 4096),
                                   f_files=totals["entries"], f_namemax=255)
@@ -233,29 +236,33 @@ class FanfsFS:
         entry, _ = self._decode(ino)
         ll.reply_readlink(req, self.store.readlink(entry))
 
-    def read(self, req: int, ino: int, size: int, offset: int) -> None:
+    def read(self, req: int, ino: int, offset: int, size: int) -> None:
+        """Answered here when every byte is in memory (a blob in a cache or the page cache, an extent's verified pages):
+        the loop never waits on a disk, nor a peer; any other read goes to worker threads, several at once."""
         entry, view = self._decode(ino)
         view = view or FULL
-        # an extent is spliced from a copy's pages: in the loop once its chunks are verified (a worker thread costs more
-        # than the splice: the interpreter lock handed over ~13 times a request), by a worker while a chunk's first read
-        # must wait on the disk to verify it; a file a peer or the shared store must answer waits on them: by a worker
-        if self._spliced is not None and self._spliced[entry] and self.store.is_local(entry, view) \
-                and self.store.extents.all_verified(entry, offset, size):  # type: ignore[union-attr]
-            reply_extent(req, self.store, entry, view, size, offset)  # here: neither a disk nor a peer to wait on
-            return
-        if (self._spliced is not None and self._spliced[entry]) or not self.store.is_local(entry, view):
-            if self._deferred is None:
-                self._deferred = Deferred(self.store, splice=self._spliced is not None)
-            self._deferred.submit(req, entry, view, size, offset)
-            return
-        ll.reply_spans(req, self.store.spans(entry, offset, size, view))
+        store = self.store
+        if store.is_local(entry, view):
+            try:
+                if self._spliced is not None and self._spliced[entry]:
+                    reply_extent(req, store, entry, view, offset, size, wait=False)
+                else:
+                    ll.reply_spans(req, store.spans(entry, offset, size, view, wait=False))
+                self.in_memory += 1
+                return
+            except WouldWait:
+                pass
+        if self._deferred is None:
+            self._deferred = Deferred(store, splice=self._spliced is not None)
+        self.deferred += 1
+        self._deferred.submit(req, entry, view, offset, size)
 
     def close(self) -> None:
         self.store.stop_waiting()
         if self._deferred is not None:
             self._deferred.close()
 
-    def readdirplus(self, req: int, ino: int, size: int, offset: int) -> None:
+    def readdirplus(self, req: int, ino: int, offset: int, size: int) -> None:
         """A directory's rows from ``offset`` on (".", "..", then its children), each also a lookup's answer (the
         kernel keeps them as names): recorded like one, so that a switch invalidates these names too."""
         entry, _ = self._decode(ino)

@@ -18,6 +18,9 @@ log = logging.getLogger("fanfs")
 
 READAHEAD = 4 << 20
 """The window asked for by default: four requests of the largest size (1 MiB) in flight per file."""
+PREFETCH = 512 << 20
+"""Not the kernel's: bytes a mount reads ahead of its readers' known order by default (``--prefetch``;
+:mod:`fanfs.cache.pagecache`): a few seconds of a node's reading, a small part of its memory."""
 
 
 def bdi_path(device: str) -> str:

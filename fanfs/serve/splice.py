@@ -56,10 +56,12 @@ def pipe_problem(max_read: int) -> str | None:
     return None
 
 
-def reply_fd(req: int, fd: int, position: int, length: int) -> None:
-    """Reply with ``length`` bytes at ``position`` of the file open at ``fd`` (spliced: see the module).  A failure
-    to read them is answered as an error by libfuse itself, and logged here."""
+def reply_fd(req: int, fd: int, position: int, length: int) -> bool:
+    """Reply with ``length`` bytes at ``position`` of the file open at ``fd`` (spliced: see the module); whether the
+    reply was sent.  libfuse 3.14 answers a failure to read those bytes as an error itself, and returns 0 as for a
+    reply sent; a reply it could not send (the request interrupted, the mount gone) is a negative errno, logged."""
     bufvec = FuseBufvec1(count=1, size=length, flags=BUF_IS_FD | BUF_FD_SEEK, fd=fd, pos=position)
     failed = lib.fuse_reply_data(req, ctypes.byref(bufvec), 0)
-    if failed > 0:
-        log.error("a spliced reply of %d bytes failed: %s (answered as an error)", length, os.strerror(failed))
+    if failed:
+        log.warning("a spliced reply of %d bytes was not sent: %s", length, os.strerror(-failed))
+    return not failed

@@ -25,14 +25,14 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import FanfsError, NotHeld
+from ..errors import FanfsError, NotHeld, WouldWait
 from ..util.checksum import checksum
+from .resident import in_memory
 from .sources import ShardSource
 
 STREAMS = 64
@@ -66,38 +66,44 @@ class ExtentPlaces:
         self._lock = threading.Lock()
         self._verifying = [threading.Lock() for _ in range(VERIFY_LOCKS)]
         self._buffers = threading.local()
+        self.touched: memoryview | None = None  # per entry, the clock at its last read (Store.follow_reads)
+        self.clock: Callable[[], int] = int
 
-    @contextmanager
-    def located(self, entry: int, offset: int, size: int) -> Iterator[tuple[int, int, int] | None]:
-        """``(fd, position, length)`` of bytes ``[offset, offset + size)`` of extent ``entry`` (cut at its end) in a
-        copy this node holds, verified, the descriptor kept open until the block ends; None: read them another way."""
+    def serve(self, entry: int, offset: int, size: int, send: Callable[[int, int, int], bool], wait: bool = True) -> bool:
+        """Send bytes ``[offset, offset + size)`` of extent ``entry`` (cut at its end) from a verified copy this node
+        holds, with ``send(fd, position, length)`` (whether they were sent; counted then); False if they cannot be
+        located so (the caller reads them another way).  ``wait=False``: WouldWait unless every chunk was verified
+        there and every page is in memory (nothing then waits on a disk)."""
+        if self.touched is not None:
+            self.touched[entry] = self.clock()
         end = min(offset + size, self._size[entry])
-        found = self._place(entry, offset, end) if offset < end else None
+        found = self._place(entry, offset, end, wait) if offset < end else None
         if found is None:
-            yield None
-            return
-        stream, position = found
+            return False
+        stream, position, blobs = found
         try:
-            yield stream.fd, position, end - offset
+            sent = send(stream.fd, position, end - offset)
         finally:
-            with self._lock:
-                stream.users -= 1
-
-    def all_verified(self, entry: int, offset: int, size: int) -> bool:
-        """Whether every chunk that bytes ``[offset, offset + size)`` of extent ``entry`` touch was verified in a copy
-        (then locating them waits on no read of this process's)."""
-        chunk, first = self._chunk, self._first[entry]
-        end = min(offset + size, self._size[entry])
-        if offset >= end:
-            return True
-        last, blob = first + (end - 1) // chunk, first + offset // chunk
-        return bool(self._verified[blob] and (last == blob or all(self._verified[blob + 1:last + 1])))
+            self._release(stream)
+        if sent:
+            chunk, first = self._chunk, self._first[entry]
+            served = self._sources[stream.source].served_in_place
+            for blob in blobs:
+                low = max(offset, (blob - first) * chunk)
+                served(blob, min(end, (blob - first + 1) * chunk) - low, low == (blob - first) * chunk)
+            stats = self._stats
+            stats.reads += 1
+            stats.bytes_presented += end - offset
+            stats.bytes_spliced += end - offset
+        return True
 
     def vouch(self, blob: int, source: int) -> None:
         """The blob's bytes where ``source`` keeps them were just read and checked (by the copy path)."""
         self._verified[blob] = source + 1
 
-    def _place(self, entry: int, offset: int, end: int) -> tuple[_Stream, int] | None:
+    def _place(self, entry: int, offset: int, end: int, wait: bool) -> tuple[_Stream, int, range] | None:
+        """The stream and position of bytes ``[offset, end)`` in the first copy that holds them as one run, each chunk
+        verified there (now, where ``wait``), the stream marked in use; None: not so."""
         chunk, first, shard = self._chunk, self._first[entry], self._shard[entry]
         blobs = range(first + offset // chunk, first + (end - 1) // chunk + 1)
         where = None
@@ -111,24 +117,29 @@ class ExtentPlaces:
             elif where != (source, position - (blob - blobs[0]) * chunk):
                 return None  # not one run in one copy: the copy path puts the pieces together
         source, start = where
+        verified = self._verified
+        if not wait and any(verified[blob] != source + 1 for blob in blobs):
+            raise WouldWait  # a first read verifies, which reads the disk
         stream = self._stream(entry, source)
         if stream is None:
             return None
         position = start + offset % chunk
-        if not all(self._verified[blob] == source + 1 or self._verify(stream, blob, start + (blob - blobs[0]) * chunk)
-                   for blob in blobs) or not self._covers(stream, blobs, position + end - offset):
-            with self._lock:
-                stream.users -= 1
+        try:
+            usable = all(verified[blob] == source + 1 or self._verify(stream, blob, start + (blob - blobs[0]) * chunk)
+                         for blob in blobs) and self._covers(stream, blobs, position + end - offset)
+            if usable and not wait and not in_memory(stream.fd, position, end - offset):
+                raise WouldWait  # pages evicted since: the splice would read the disk
+        except BaseException:
+            self._release(stream)
+            raise
+        if not usable:
+            self._release(stream)
             return None
-        served = self._sources[source].served_in_place
-        for blob in blobs:
-            low = max(offset, (blob - first) * chunk)
-            served(blob, min(end, (blob - first + 1) * chunk) - low, low == (blob - first) * chunk)
-        stats = self._stats
-        stats.reads += 1
-        stats.bytes_presented += end - offset
-        stats.bytes_spliced += end - offset
-        return stream, position
+        return stream, position, blobs
+
+    def _release(self, stream: _Stream) -> None:
+        with self._lock:
+            stream.users -= 1
 
     def _covers(self, stream: _Stream, blobs: range, end: int) -> bool:
         """Whether the copy still holds the bytes up to ``end``: a copy cut after its chunks were verified would be

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import stat as statmod
 import threading
@@ -22,16 +23,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..codecs import Codec, CodecError, codec_from_config
-from ..errors import DataError, FanfsError, NotHeld, StoreError
+from ..errors import DataError, FanfsError, NotHeld, StoreError, WouldWait
 from ..records import FULL, SIDE_LAYER, SIDE_LAYERS, Presentation, RecordKind, kind_table, kinds
 from ..records.base import Span
-from ..util.files import open_regular
-from .cache import BlobCache
+from .stream import BlobCache, StreamChunks
 from .extents import ExtentPlaces
-from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, SHARD_HEADER, check_shard_header, checksum, shard_name
+from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, checksum, shard_name
 from .index import Index
-from .stream import StreamChunks
-from .sources import LocalShards, ShardSource
+from .sources import LocalShards, ReadsInMemory, ShardSource, check_shard_files
 
 log = logging.getLogger("fanfs")
 
@@ -97,7 +96,7 @@ class Store:
             is_local = _on_a_server  # a network file system's: its reads are never made in a FUSE loop
         self.sources: list[ShardSource] = list(sources) if own is None else [own]
         if check_shards:
-            self.check_shards(own if self.index.shard_size.size <= KEEP_OPEN else None)
+            check_shard_files(root, self.index.shard_size, self.id, own if self.index.shard_size.size <= KEEP_OPEN else None)
         self.cache = BlobCache(cache_size)
         self.stream = StreamChunks()
         self.stats = Stats()
@@ -113,39 +112,28 @@ class Store:
         # lacks fetches them at once, and _fetch takes them from this thread's ``ahead`` (blob -> bytes, source)
         self._runs = any(hasattr(source, "read_run") for source in self.sources)
         self._ahead = threading.local()
+        # per source, how to read a blob only if it is in memory (None: it cannot say; a read that must not wait
+        # then leaves it to a thread that may), for reads made with ``wait=False`` (a serving loop's)
+        self._resident = [source.read_resident if isinstance(source, ReadsInMemory) else None
+                          for source in self.sources]
         in_place = np.isin(ix.record, [kind.kind_id for kind in kinds().values() if kind.in_place]) & (ix.type == FILE)
         self.extents = ExtentPlaces(ix, in_place, self.sources, self.stats, self.chunk_size) if in_place.any() else None
+        self.touched: memoryview | None = None  # per entry, the clock at its last read (see follow_reads)
+        self.clock: Callable[[], int] = int
         _OPEN.add(self)
 
-    # --- metadata -------------------------------------------------------------------------------
+    def follow_reads(self, clock: Callable[[], int]) -> memoryview:
+        """Note ``clock()`` (a uint32) at every read of each file from now on, in memory the processes forked after
+        this share (a mount's serving processes): how a read-ahead sees how far its readers got.  Returns that
+        memory, a uint32 per entry."""
+        if self.touched is None:
+            self.touched = memoryview(mmap.mmap(-1, 4 * max(1, self.index.entries))).cast("I")
+        self.clock = clock
+        if self.extents is not None:
+            self.extents.touched, self.extents.clock = self.touched, clock
+        return self.touched
 
-    def check_shards(self, keep: LocalShards | None = None) -> None:
-        """Refuse a store whose shard files are missing, cut short, foreign or not regular files.  ``keep``: the
-        source that reads these files, given the descriptors opened here (a forked reader, such as a DataLoader
-        worker, inherits them instead of opening and checking every shard again: ~20 us each)."""
-        sizes = self.index.shard_size
-        directory = os.path.join(self.root, SHARD_DIR)
-        for shard in range(sizes.size):
-            path = os.path.join(directory, shard_name(shard))
-            try:
-                fd = open_regular(path)
-            except FileNotFoundError:
-                raise StoreError(f"{self.root}: incomplete store: shard {shard_name(shard)} is missing") from None
-            except OSError as err:
-                raise StoreError(f"{path}: {err.strerror}") from None
-            try:
-                check_shard_header(os.pread(fd, SHARD_HEADER.size, 0), shard, self.id, path)
-                size = os.fstat(fd).st_size
-                if size != int(sizes[shard]):
-                    raise StoreError(f"{self.root}: incomplete store: shard {shard_name(shard)} has {size} bytes, "
-                                     f"the index says {int(sizes[shard])}")
-            except BaseException:
-                os.close(fd)
-                raise
-            if keep is not None:
-                keep.adopt(shard, fd)
-            else:
-                os.close(fd)
+    # --- metadata -------------------------------------------------------------------------------
 
     def lookup(self, path: bytes) -> int:
         """Entry of a relative path (``b""`` is the root); FileNotFoundError if absent."""
@@ -196,9 +184,15 @@ class Store:
         offset, length = self._offset[blob], self._stored[blob]
         expected = self._checksum[blob]
         problems = []
+        wait = getattr(self._ahead, "wait", True)
         for i, source in enumerate(self.sources):
             try:
-                data = source.read(blob, shard, offset, length)
+                if wait:
+                    data = source.read(blob, shard, offset, length)
+                elif (resident := self._resident[i]) is not None:
+                    data = resident(blob, shard, offset, length)
+                else:
+                    raise WouldWait
             except NotHeld:
                 continue
             except (OSError, FanfsError) as err:  # e.g. a shard gone, cut short, or replaced by a FIFO
@@ -279,7 +273,8 @@ class Store:
             return data
         if stream:
             share = self._stored[blob] not in (0, self._raw[blob])  # a chunk to decode: see fanfs.store.shared
-            return self.stream.load(blob, keep, lambda: self._load(entry, blob, layer), self.stats, share)
+            return self.stream.load(blob, keep, lambda: self._load(entry, blob, layer), self.stats, share,
+                                    getattr(self._ahead, "wait", True))
         self.stats.cache_misses += 1
         data = self._load(entry, blob, layer)
         if keep:
@@ -314,20 +309,27 @@ class Store:
             return data[start:start + length]
         return b"".join(data[start:start + length] for data, start, length in spans)
 
-    def spans(self, entry: int, offset: int, size: int, view: int = FULL) -> list[Span]:
+    def spans(self, entry: int, offset: int, size: int, view: int = FULL, wait: bool = True) -> list[Span]:
         """The same bytes as :meth:`read`, as pieces ``data[start:start + length]`` left unsliced: a FUSE reply is
-        sent from the pieces themselves, so a request that the kernel cut from a large read costs no copy."""
-        self.stats.reads += 1
+        sent from the pieces themselves, so a request that the kernel cut from a large read costs no copy.
+        ``wait=False``: WouldWait, and nothing counted, unless every blob it needs is in memory (a serving loop's
+        read, which must never wait on a disk: it hands the read to a thread then)."""
         kind = self._kinds[self._record[entry]]
-        if self._runs and not self.is_local(entry, view):
+        here = self._ahead
+        if self._runs and wait and not self.is_local(entry, view):
             first, count = kind.blob_run(self.index, entry, view, offset, size)
             if count > 1:
-                self._ahead.blobs = self._fetch_run(first, count)
+                here.blobs = self._fetch_run(first, count)
+        here.wait = wait
+        if self.touched is not None:
+            self.touched[entry] = self.clock()
         try:
             spans = kind.spans(self, entry, view, offset, size)
         finally:
+            here.wait = True
             if self._runs:
-                self._ahead.blobs = None
+                here.blobs = None
+        self.stats.reads += 1
         for span in spans:
             self.stats.bytes_presented += span[2]
         return spans

@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from ..errors import WouldWait
+
 EMPTY, LOADING, READY = 0, 1, 2
 SLOTS = 16
 WAIT = 10.0
@@ -41,9 +43,10 @@ class SharedChunks:
         self._data = memoryview(self._memory)[8 * 4 * slots:]
         self._lock = multiprocessing.get_context("fork").Lock()
 
-    def get_or_claim(self, blob: int) -> bytes | None:
+    def get_or_claim(self, blob: int, wait: bool = True) -> bytes | None:
         """The chunk's bytes if a process loaded it; else None, and the caller loads it and then calls :meth:`put`
-        (or :meth:`abandon`).  Waits while another live process loads it, up to :data:`WAIT` seconds."""
+        (or :meth:`abandon`).  Waits while another live process loads it, up to :data:`WAIT` seconds (``wait=False``:
+        WouldWait instead)."""
         slot = blob % self.slots
         deadline = time.monotonic() + WAIT
         while True:
@@ -57,6 +60,8 @@ class SharedChunks:
                         and time.monotonic() < deadline):
                     self._blob[slot], self._state[slot], self._owner[slot] = blob, LOADING, os.getpid()
                     return None
+                if not wait:
+                    raise WouldWait
             time.sleep(0.0002)  # another process loads it
 
     def put(self, blob: int, data: bytes) -> None:

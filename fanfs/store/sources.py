@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import NotHeld, StoreError
+from ..errors import NotHeld, StoreError, WouldWait
 from ..util.deadline import deadline_for
 from ..util.files import open_regular
-from .format import SHARD_HEADER, check_shard_header, shard_name
+from .resident import Unsupported, pread_resident
+from .format import SHARD_DIR, SHARD_HEADER, check_shard_header, shard_name
 
-__all__ = ["NotHeld", "ShardSource", "LocalShards", "HeldShards", "reopen"]
+__all__ = ["NotHeld", "ShardSource", "ReadsInMemory", "Descriptors", "LocalShards", "HeldShards", "reopen"]
 
 
 class ShardSource:
@@ -64,6 +66,27 @@ class ShardSource:
         thread may have held at the fork; connections).  Open files stay shared: reads use ``pread``."""
 
 
+@runtime_checkable
+class ReadsInMemory(Protocol):
+    """A source that can give a blob's bytes only if they are in memory, so that a serving loop never waits on its
+    disk: the Store asks this in place of :meth:`ShardSource.read` when a read must not wait."""
+
+    def read_resident(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        """As :meth:`ShardSource.read`, or WouldWait if that would wait on a device (or a peer)."""
+        ...
+
+
+@runtime_checkable
+class Descriptors(Protocol):
+    """A source whose blobs lie at their index offsets in files of this node it keeps open (a store's shards, a
+    node's staged copies): a read-ahead may have the kernel read them into its page cache."""
+
+    def descriptor(self, blob: int, shard: int) -> int | None:
+        """The descriptor the blob's bytes are read from (at its offset), or None if reading ahead there could wait
+        with no deadline (a network file system's); NotHeld as :meth:`ShardSource.read` raises it."""
+        ...
+
+
 class LocalShards(ShardSource):
     """Shard files in a directory (``STORE/shards`` or a node-local staging directory).
 
@@ -83,6 +106,7 @@ class LocalShards(ShardSource):
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         self.deadline = deadline_for(directory)  # None on a local disk
+        self._nowait = True  # the file system can read without waiting (RWF_NOWAIT); tmpfs cannot, nor needs to
 
     def path(self, shard: int) -> str:
         return os.path.join(self.directory, shard_name(shard))
@@ -122,6 +146,20 @@ class LocalShards(ShardSource):
 
     def _pread(self, shard: int, length: int, offset: int) -> bytes:
         return os.pread(self._fd(shard), length, offset)
+
+    def read_resident(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        if self.deadline is not None:
+            raise WouldWait  # a network file system's: read by a thread that may wait, for its deadline
+        if not self._nowait:
+            return self._pread(shard, length, offset)
+        try:
+            return pread_resident(self._fd(shard), length, offset)
+        except Unsupported:  # tmpfs, which never waits: plain reads from now on
+            self._nowait = False
+            return self._pread(shard, length, offset)
+
+    def descriptor(self, blob: int, shard: int) -> int | None:
+        return None if self.deadline is not None else self._fd(shard)
 
     def place(self, blob: int, shard: int, offset: int) -> int | None:
         if self.deadline is not None:
@@ -166,10 +204,48 @@ class HeldShards(LocalShards):
             raise NotHeld(f"blob {blob} is not in {self.name}")
         return super().read(blob, shard, offset, length)
 
+    def read_resident(self, blob: int, shard: int, offset: int, length: int) -> bytes:
+        if not self.held[blob]:
+            raise NotHeld(f"blob {blob} is not in {self.name}")
+        return super().read_resident(blob, shard, offset, length)
+
+    def descriptor(self, blob: int, shard: int) -> int | None:
+        if not self.held[blob]:
+            raise NotHeld(f"blob {blob} is not in {self.name}")
+        return super().descriptor(blob, shard)
+
     def place(self, blob: int, shard: int, offset: int) -> int | None:
         if not self.held[blob]:
             raise NotHeld(f"blob {blob} is not in {self.name}")
         return super().place(blob, shard, offset)
+
+
+def check_shard_files(root: str, sizes: np.ndarray, store_id: bytes, keep: LocalShards | None = None) -> None:
+    """Refuse a store whose shard files are missing, cut short, foreign or not regular files.  ``keep``: the source
+    that reads these files, given the descriptors opened here (a forked reader, such as a DataLoader worker, inherits
+    them instead of opening and checking every shard again: ~20 us each)."""
+    directory = os.path.join(root, SHARD_DIR)
+    for shard in range(sizes.size):
+        path = os.path.join(directory, shard_name(shard))
+        try:
+            fd = open_regular(path)
+        except FileNotFoundError:
+            raise StoreError(f"{root}: incomplete store: shard {shard_name(shard)} is missing") from None
+        except OSError as err:
+            raise StoreError(f"{path}: {err.strerror}") from None
+        try:
+            check_shard_header(os.pread(fd, SHARD_HEADER.size, 0), shard, store_id, path)
+            size = os.fstat(fd).st_size
+            if size != int(sizes[shard]):
+                raise StoreError(f"{root}: incomplete store: shard {shard_name(shard)} has {size} bytes, "
+                                 f"the index says {int(sizes[shard])}")
+        except BaseException:
+            os.close(fd)
+            raise
+        if keep is not None:
+            keep.adopt(shard, fd)
+        else:
+            os.close(fd)
 
 
 def reopen(fd: int) -> int:

@@ -1,4 +1,5 @@
-"""Chunks of large files read in parts: the last few kept, each found, verified and decoded once.
+"""Decoded blobs kept in memory: a byte-bounded LRU (:class:`BlobCache`), and the chunks of large files read in
+parts, the last few kept, each found, verified and decoded once (:class:`StreamChunks`).
 
 The kernel cuts a large read into requests that do not follow the chunks, so a chunk is wanted by two
 requests (1 MiB ones off the chunks' edges) or eight (the kernel's 128 KiB), often at the same moment in
@@ -12,16 +13,50 @@ for by the others of its process, and one that another serving process loads is 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .cache import BlobCache
+from ..errors import WouldWait
 from .shared import SharedChunks
 
 STREAM_CACHE = 8 << 20
 """Bytes of chunks kept between the requests that read parts of them (per serving process)."""
 LOADING_WAIT = 60.0
 """Seconds a thread waits for another that loads the chunk it wants (longer than any peer's timeout)."""
+
+
+class BlobCache:
+    """Maps blob number -> decoded bytes; evicts least recently used past ``capacity`` bytes."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self._items: OrderedDict[int, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: int) -> bytes | None:
+        with self._lock:
+            data = self._items.get(key)
+            if data is not None:
+                self._items.move_to_end(key)
+            return data
+
+    def put(self, key: int, data: bytes) -> None:
+        if len(data) > self.capacity // 4:
+            return  # one huge blob would flush everything else
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = data
+            self.used += len(data)
+            while self.used > self.capacity:
+                _, old = self._items.popitem(last=False)
+                self.used -= len(old)
+
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (another thread of the parent may have held the old one at the fork)."""
+        self._lock = threading.Lock()
 
 
 class StreamChunks:
@@ -33,15 +68,19 @@ class StreamChunks:
         self._loading: dict[int, _Loading] = {}  # chunks being loaded now, by blob
         self._lock = threading.Lock()
 
-    def load(self, blob: int, keep: bool, load: Callable[[], bytes], stats: Any, share: bool = False) -> bytes:
+    def load(self, blob: int, keep: bool, load: Callable[[], bytes], stats: Any, share: bool = False,
+             wait: bool = True) -> bytes:
         """A chunk not in :attr:`cache`: ``load()``-ed here, or taken from the thread or process that loads it.
         ``keep``: it is read in parts (kept for the next request); ``share``: with the other processes, if it is
-        read in parts and decoding it costs more than reading it again (see :mod:`.shared`)."""
+        read in parts and decoding it costs more than reading it again (see :mod:`.shared`).  ``wait=False``:
+        WouldWait rather than wait for another thread or process that loads it."""
         with self._lock:
             loading = self._loading.get(blob)
             mine = loading is None
             if mine:
                 loading = self._loading[blob] = _Loading()
+            elif not wait:
+                raise WouldWait
             else:
                 loading.waiters += 1
         if not mine:
@@ -52,7 +91,7 @@ class StreamChunks:
                 return data  # else the loader failed (or is slower than a peer's timeout): try here, as it did
         data = None
         try:
-            data = self._load(blob, keep and share, load, stats)
+            data = self._load(blob, keep and share, load, stats, wait)
             return data
         finally:
             if mine:
@@ -65,9 +104,9 @@ class StreamChunks:
             elif data is not None and keep:
                 self.cache.put(blob, data)
 
-    def _load(self, blob: int, share: bool, load: Callable[[], bytes], stats: Any) -> bytes:
+    def _load(self, blob: int, share: bool, load: Callable[[], bytes], stats: Any, wait: bool) -> bytes:
         shared = self.shared if share else None
-        data = shared.get_or_claim(blob) if shared is not None else None
+        data = shared.get_or_claim(blob, wait) if shared is not None else None
         if data is not None:  # another serving process loaded it
             stats.cache_hits += 1
             return data

@@ -36,6 +36,14 @@ def dataset_paths(dataset: Any) -> Callable[[int], str]:
                      "paths (paths=)")
 
 
+def the_mountpoint(mountpoint: str | os.PathLike | None) -> str:
+    """The mount a sampler tells its order: ``mountpoint``, else ``$FANFS_MNT``; one line if neither is given."""
+    mountpoint = mountpoint or os.environ.get("FANFS_MNT")
+    if not mountpoint:
+        raise FanfsError("a sampler that tells the mount its order needs the mount point: mountpoint= or $FANFS_MNT")
+    return os.path.abspath(os.fspath(mountpoint))
+
+
 class OrderSampler:
     """Yields the indices of ``sampler`` (default: a seeded shuffle of ``dataset``, ``DistributedSampler``'s) and tells
     the mount at ``mountpoint`` (default ``$FANFS_MNT``) the paths they stand for, one epoch ahead where it can.
@@ -48,10 +56,7 @@ class OrderSampler:
     def __init__(self, dataset: Any, sampler: Any = None, *, mountpoint: str | os.PathLike | None = None,
                  paths: Sequence[str] | None = None, seed: int = 0, stream: str | None = None) -> None:
         self.path_of = dataset_paths(paths if paths is not None else dataset)
-        mountpoint = mountpoint or os.environ.get("FANFS_MNT")
-        if not mountpoint:
-            raise FanfsError("OrderSampler needs the mount point: mountpoint= or $FANFS_MNT")
-        self.mountpoint = os.path.abspath(os.fspath(mountpoint))
+        self.mountpoint = the_mountpoint(mountpoint)
         if sampler is None:
             from torch.utils.data import DistributedSampler
             sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
