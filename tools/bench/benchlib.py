@@ -73,7 +73,7 @@ def fanfs_mount(store: Path, mnt: Path, *options: str, env: dict[str, str] | Non
 
 
 _AS_NOBODY = """import os, pwd, sys
-import fanfs.cli.serve, fanfs.serve.daemon, fanfs.serve.fusefs, fanfs.store
+import fanfs.cache.share, fanfs.cli.serve, fanfs.serve.daemon, fanfs.serve.fusefs, fanfs.store
 from fanfs.cli.main import main
 user = pwd.getpwnam("nobody")
 os.setgroups([]); os.setgid(user.pw_gid); os.setuid(user.pw_uid)
@@ -112,16 +112,27 @@ def unprivileged_mount(store: Path, mnt: Path, *options: str) -> Iterator[int]:
 @contextlib.contextmanager
 def squashfuse_mount(binary: str, image: Path, mnt: Path) -> Iterator[int]:
     """squashfuse(_ll) in the foreground as our child (so we own its pid), default options as users run it."""
+    with foreground_mount([binary, "-f", str(image), str(mnt)], mnt) as pid:
+        yield pid
+
+
+@contextlib.contextmanager
+def foreground_mount(cmd: Sequence[str], mnt: Path) -> Iterator[int]:
+    """A FUSE daemon that stays in the foreground (``cmd``) as our child, mounted at ``mnt``; yields its pid once it
+    serves; always unmounted afterwards."""
     mnt.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([binary, "-f", str(image), str(mnt)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = tempfile.TemporaryFile()  # not a pipe: a daemon that says much would block on a full one
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=err)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while not os.path.ismount(mnt):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{binary} did not mount: {proc.stderr.read().decode() if proc.stderr else ''}")
+                err.seek(0)
+                raise RuntimeError(f"{cmd[0]} did not mount: {err.read().decode(errors='replace')[-2000:]}")
             time.sleep(0.005)
         yield proc.pid
     finally:
+        err.close()
         unmount(mnt)
         force_unmount(mnt)
         try:
