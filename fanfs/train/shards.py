@@ -7,13 +7,18 @@ sample buffer; FFCV's quasi-random order).  A cold epoch then reads each shard o
 mount, told the order (:class:`ShardShuffleSampler` tells it, as :class:`~fanfs.train.OrderSampler` does), reads
 each window's shards ahead in long sequential runs instead of a random read per file.
 
-What it gives up: the files of a batch come from ``window`` shards, not from all of them, and a file's position in
-the epoch is bound to its shard's.  A store packed from a tree keeps the tree's order (ImageNet: one class
-directory after another, ~2.3 classes per 256 MB shard), so a batch sees the classes of ``window`` shards only.
-Measured on ImageNet's layout (1,281,167 files, 1,000 classes in 1,000 directories, 547 shards), batches of 256,
-mean distinct classes per batch (``tools/bench/bench_shuffle.py``): full shuffle 227; window 128: 224; 64: 219;
-32: 205; 16: 180; 8: 143; 4: 96; 1: 32.  The default 32 keeps 90% of a full shuffle's class mix per batch and
-needs a read-ahead budget of a window's bytes at most to read it all in sequence.
+What it gives up: the files of a batch come from ``window`` shards, not from all of them, and a file's neighbours
+in an epoch are bound to its shard's.  How much that costs depends on what a shard holds.  Modelled on ImageNet-1k
+(1,281,167 files, 1,000 classes, 525 shards of 256 MiB; ``tools/bench/bench_shuffle.py``), mean distinct classes in a
+batch of 256, against a full shuffle's 225:
+
+* packed from the tree, in its order (one class directory after another: 1.9 classes per shard): window 1: 3 (1%),
+  4: 12 (5%), 8: 22 (10%), 16: 42 (19%), 32: 76 (34%), 64: 121 (54%), 128: 166 (74%);
+* packed in a shuffled order (shards that mix classes, as WebDataset's are written): 225 at every window.
+
+So on a store packed in tree order the window must be large (and the read-ahead budget hold a window's shards to
+read them in sequence: 8 GiB for 32 shards of 256 MiB); a store whose shards mix their classes loses nothing at any
+window, and reads each shard front to back with a budget of one or two shards.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from ..store.index import Index
 from .mount import mount_status
 from .order import OrderSampler, dataset_paths, the_mountpoint
 
-WINDOW = 32
-"""Shards whose files are shuffled together, by default (see the module for what a window costs in randomness)."""
+WINDOW = 4
+"""Shards whose files are shuffled together, by default: within the default read-ahead budget (512 MiB) for shards
+of up to 128 MiB (the module says what a window costs in randomness)."""
 
 
 def shard_aware_order(shards: np.ndarray, window: int, rng: np.random.Generator) -> np.ndarray:
