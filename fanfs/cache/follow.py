@@ -54,6 +54,7 @@ class Stream:
     """One reader's order: entries, epochs back to back, and the next position to look at."""
 
     entries: np.ndarray
+    since: int  # tick when it was given: a read before that is no sign of where its reader is
     position: int = 0
 
 
@@ -96,7 +97,7 @@ class OrderFollower:
     def order(self, name: str, entries: np.ndarray) -> None:
         """Follow ``entries`` (files, in the order one reader opens them) as stream ``name`` from now on."""
         with self._wake:
-            self._streams[name] = Stream(np.asarray(entries, np.int64))
+            self._streams[name] = Stream(np.asarray(entries, np.int64), tick())
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fanfs-follow", daemon=True)
                 self._thread.start()
@@ -186,8 +187,8 @@ class OrderFollower:
         if len(self._issued) >= AHEAD_FILES or (stream := self._next_stream()) is None:
             return False
         entry = int(stream.entries[stream.position])
-        now = tick()
-        if now - self.ticks[entry] < RECENT * TICKS_PER_SECOND:  # read just now: the readers are ahead of us
+        now, read = tick(), self.ticks[entry]
+        if now - read < RECENT * TICKS_PER_SECOND and read >= stream.since:  # read just now: the readers are ahead
             stream.position += 1
             self.counts["skipped"] += 1
             return True
