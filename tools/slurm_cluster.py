@@ -14,9 +14,10 @@ thing down when the ``with`` block ends, however it ends (about 0.2 s with no jo
 1. running jobs are cancelled and waited for (slurmd does *not* kill running steps when it stops),
 2. ``scontrol shutdown`` stops slurmctld and every slurmd; munged is stopped last,
 3. SIGTERM/SIGKILL for anything still there, children reaped,
-4. a sweep kills every process still carrying this cluster's ``SLURM_CONF`` in its environment:
-   stray ``slurmstepd`` and job tasks that escaped their step (proctrack/linuxproc lets them: a
-   test can therefore see anything a job leaves running).
+4. a sweep kills every process still carrying this cluster's ``SLURM_CONF`` and its owner's pid in its
+   environment: stray ``slurmstepd`` and job tasks that escaped their step (proctrack/linuxproc lets them: a
+   test can therefore see anything a job leaves running); not the processes of a user's shell that merely
+   exports ``SLURM_CONF``.
 
 If the test runner itself dies, the daemons die with it (parent-death signal), and the next
 ``slurm_cluster()`` kills whatever an earlier, dead owner left behind.  SIGTERM to this process
@@ -54,7 +55,7 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from slurm_config import write_config
-from slurm_processes import CONF_VAR, OWNER_VAR, kill_all, kill_stale_clusters
+from slurm_processes import CONF_VAR, OWNER_VAR, kill_all, kill_stale_clusters, of_cluster
 
 __all__ = ["slurm_cluster", "SlurmCluster", "JobResult", "SlurmError", "FINAL_STATES", "kill_stale_clusters"]
 
@@ -292,9 +293,10 @@ def slurm_cluster(base_dir: Path, nodes: int = 3, *, cpus_per_node: int = 4,
                          f"bytes): {base}")
     base.mkdir(parents=True, exist_ok=True)
     names = [f"n{i}" for i in range(1, nodes + 1)]
-    conf, sock = write_config(base, names, cpus_per_node)
+    owner = os.getpid()
+    conf, sock = write_config(base, names, cpus_per_node, owner)
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LEAKY_PREFIXES)}
-    env.update({CONF_VAR: str(conf), OWNER_VAR: str(os.getpid())})
+    env.update({CONF_VAR: str(conf), OWNER_VAR: str(owner)})
     cluster = SlurmCluster(base, names, conf, env, base / "jobs")
 
     def start(name: str, cmd: list[str]) -> None:
@@ -368,7 +370,5 @@ def _shutdown(cluster: SlurmCluster) -> None:
         with contextlib.suppress(Exception):
             _stop_process(proc)
     # 4. Stray slurmstepd and job tasks (not our children: init reaps them).
-    conf = str(cluster.conf).encode()
-    owner = str(os.getpid()).encode()
     with contextlib.suppress(Exception):
-        kill_all(lambda env: env.get(CONF_VAR.encode()) == conf or env.get(OWNER_VAR.encode()) == owner)
+        kill_all(of_cluster(cluster.conf, os.getpid()))

@@ -9,6 +9,9 @@ import random
 import socket
 from pathlib import Path
 
+from slurm_processes import OWNER_VAR
+
+
 def _free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports free on this host right now (a tiny race is acceptable)."""
     sockets = []
@@ -23,8 +26,9 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def write_config(base: Path, nodes: list[str], cpus_per_node: int) -> tuple[Path, Path]:
-    """Write the munge key, slurm.conf and a task prolog; returns (slurm.conf, munge socket)."""
+def write_config(base: Path, nodes: list[str], cpus_per_node: int, owner: int) -> tuple[Path, Path]:
+    """Write the munge key, slurm.conf and a task prolog; returns (slurm.conf, munge socket).  ``owner``: the pid
+    of the process that runs the cluster, which the prolog puts in every task's environment."""
     for sub in ("etc", "log", "state", "spool", "tmp", "jobs"):
         (base / sub).mkdir(parents=True, exist_ok=True)
     # munged insists on a key owned by its user with mode 0600 or 0400, and on a socket directory
@@ -40,10 +44,13 @@ def write_config(base: Path, nodes: list[str], cpus_per_node: int) -> tuple[Path
 
     # All fake nodes share this host's /tmp.  Give each its own TMPDIR, exported into every task
     # (batch script included) by a TaskProlog: Slurm applies "export NAME=value" lines it prints.
+    # The owner's pid marks every task as this cluster's (slurm_processes.of_cluster): a job has the
+    # environment of the shell that ran sbatch, which is no mark.
     prolog = base / "etc" / "task_prolog.sh"
     prolog.write_text("#!/bin/sh\n"
                       f'd="{base}/tmp/$SLURMD_NODENAME"\n'
-                      'mkdir -p "$d" && echo "export TMPDIR=$d"\n')
+                      'mkdir -p "$d" && echo "export TMPDIR=$d"\n'
+                      f'echo "export {OWNER_VAR}={owner}"\n')
     prolog.chmod(0o755)
     for node in nodes:
         (base / "tmp" / node).mkdir(exist_ok=True)

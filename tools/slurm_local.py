@@ -4,8 +4,13 @@ Slurm jobs (``sbatch -N 2 slurm/train.sbatch ...``) on a laptop-sized box.
 The cluster is the tests' own (tools/slurm_cluster.py: munged, slurmctld and one slurmd per node, all on this
 host as the calling user, nothing under /etc, /run or /var).  ``start`` leaves a small supervisor process
 running that holds it, in a session of its own; ``stop`` sends it SIGTERM, upon which it cancels every job
-and stops every daemon, and then removes the cluster's directory.  ``start`` prints, on stdout, the one line
-to ``eval`` (``export SLURM_CONF=...``); everything else goes to stderr.  Stdlib only.
+and stops every daemon, and then removes what ``start`` put in the cluster's directory.  ``start`` prints, on
+stdout, the one line to ``eval`` (``export SLURM_CONF=...``); everything else goes to stderr.  Stdlib only.
+
+The directory is the user's to name, so it is marked: ``start`` makes it, or takes an empty one, and writes a
+marker in it; ``start`` refuses any other, and ``stop`` removes nothing where it finds no marker.  Processes are
+the cluster's by their environment: its ``SLURM_CONF`` *and* its supervisor's pid (slurm_processes.of_cluster),
+never ``SLURM_CONF`` alone, which the user's shell exports after the ``eval``.
 """
 
 from __future__ import annotations
@@ -14,17 +19,22 @@ import argparse
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from slurm_cluster import SOCKET_PATH_MAX, SlurmError, slurm_cluster, step_socket_length
-from slurm_processes import CONF_VAR, kill_all
+from slurm_processes import CONF_VAR, kill_all, of_cluster
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
+MARKER = "made-by-slurm-local"
+MADE = "'tools/slurm-local start' made this directory: 'tools/slurm-local stop' removes it\n"
+LENT = "'tools/slurm-local start' found this directory empty: 'tools/slurm-local stop' empties it\n"
 
 
 def default_dir() -> Path:
@@ -33,22 +43,41 @@ def default_dir() -> Path:
 
 
 class Cluster:
-    """The files a running one-host Slurm keeps in its directory: the supervisor's pid and, once every node
-    is idle, the ready marker holding the node count."""
+    """The files a one-host Slurm keeps in its directory: the marker ``start`` wrote, the supervisor's pid and,
+    once every node is idle, the ready file holding the node count."""
 
     def __init__(self, base: Path) -> None:
         self.base = base.absolute()
         self.conf = self.base / "etc" / "slurm.conf"
+        self.marker = self.base / MARKER
         self.pid_file = self.base / "supervisor.pid"
         self.ready = self.base / "ready"
         self.log = self.base / "log" / "supervisor.log"
 
+    def mark(self) -> str | None:
+        """MADE or LENT, what ``start`` wrote, if this is a real directory of this user's holding its marker."""
+        try:
+            info = self.base.lstat()
+            text = self.marker.read_text()
+        except (OSError, UnicodeDecodeError):
+            return None
+        ours = stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+        return text if ours and text in (MADE, LENT) else None
+
+    def recorded_pid(self) -> int | None:
+        """The supervisor's pid as ``start`` recorded it, running or not; None in a directory not marked."""
+        try:
+            return int(self.pid_file.read_text()) if self.mark() else None
+        except (OSError, ValueError):
+            return None
+
     def supervisor(self) -> int | None:
         """The pid of this directory's supervisor if it still runs, else None."""
+        if (pid := self.recorded_pid()) is None:
+            return None
         try:
-            pid = int(self.pid_file.read_text())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError):
+        except OSError:
             return None
         return pid if b"serve" in cmdline and os.fsencode(self.base) in cmdline else None
 
@@ -56,20 +85,51 @@ class Cluster:
         return f"export {CONF_VAR}={self.conf}"
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     print(f"slurm-local: error: {message}", file=sys.stderr)
     sys.exit(1)
 
 
-def make_private_dir(base: Path) -> None:
-    """The directory, made 0700 by this user; one that exists must be this user's own real directory."""
+def claim(cluster: Cluster) -> None:
+    """Mark the cluster's directory, private to this user: one ``start`` makes (or made before), or an empty one
+    nobody else may enter.  Any other is the user's own, which ``stop`` would empty: refused, left as it is."""
+    base = cluster.base
     try:
         base.mkdir(mode=0o700, parents=True)
     except FileExistsError:
+        if cluster.mark():
+            return
         info = base.lstat()
-        if base.is_symlink() or not base.is_dir() or info.st_uid != os.getuid():
-            fail(f"{base} exists and is not a directory of this user's own: remove it or give --dir")
-        base.chmod(0o700)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            fail(f"{base} exists and is not a directory of this user's own: give another --dir")
+        if any(base.iterdir()):
+            fail(f"{base} is not empty and 'tools/slurm-local start' did not make it: give a new or an empty --dir")
+        if info.st_mode & 0o077:
+            fail(f"{base} is open to other users (mode {stat.S_IMODE(info.st_mode):o}): 'chmod 700' it or give a "
+                 "new --dir")
+        cluster.marker.write_text(LENT)
+    else:
+        cluster.marker.write_text(MADE)
+
+
+def release(cluster: Cluster) -> None:
+    """Remove what ``start`` and the cluster put in the directory, and the directory if ``start`` made it; the
+    marker last, so that a ``stop`` that failed half-way can be run again."""
+    made = cluster.mark() == MADE
+    try:
+        for entry in cluster.base.iterdir():
+            if entry == cluster.marker:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        cluster.marker.unlink()
+        if made:
+            cluster.base.rmdir()
+    except OSError as e:
+        fail(f"the cluster is stopped but {e.filename} could not be removed ({e.strerror}): remove it, or run "
+             "'tools/slurm-local stop' again")
 
 
 def start(cluster: Cluster, nodes: int) -> None:
@@ -83,7 +143,7 @@ def start(cluster: Cluster, nodes: int) -> None:
               "for another node count", file=sys.stderr)
         print(cluster.export_line())
         return
-    make_private_dir(cluster.base)
+    claim(cluster)
     cluster.ready.unlink(missing_ok=True)
     cluster.log.parent.mkdir(exist_ok=True)
     env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
@@ -127,6 +187,17 @@ def serve(cluster: Cluster, nodes: int) -> None:
 
 
 def stop(cluster: Cluster, quiet: bool = False) -> None:
+    ran = os.path.lexists(cluster.base) and end(cluster)
+    if not quiet:
+        print("slurm-local: stopped" if ran else "slurm-local: was not running", file=sys.stderr)
+
+
+def end(cluster: Cluster) -> bool:
+    """End the supervisor, whatever it left, and what ``start`` put in the directory, a marked one only (anything
+    else is the user's); whether the supervisor still ran."""
+    if cluster.mark() is None:
+        fail(f"{cluster.base} was not made by 'tools/slurm-local start' (no {MARKER} in it): nothing stopped, "
+             "nothing removed")
     pid = cluster.supervisor()
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
@@ -135,13 +206,11 @@ def stop(cluster: Cluster, quiet: bool = False) -> None:
             time.sleep(0.1)
         if cluster.supervisor() is not None:
             os.kill(pid, signal.SIGKILL)       # its daemons follow it (parent-death signal)
-    # Whatever a killed supervisor left: job tasks and slurmstepd carry the cluster's SLURM_CONF.
-    conf = os.fsencode(cluster.conf)
-    kill_all(lambda env: env.get(CONF_VAR.encode()) == conf)
-    if cluster.base.is_dir() and not cluster.base.is_symlink() and cluster.base.lstat().st_uid == os.getuid():
-        shutil.rmtree(cluster.base, ignore_errors=True)
-    if not quiet:
-        print("slurm-local: stopped" if pid is not None else "slurm-local: was not running", file=sys.stderr)
+    # Whatever a killed supervisor left: slurmstepd and job tasks carry its pid and the cluster's SLURM_CONF.
+    if (owner := cluster.recorded_pid()) is not None:
+        kill_all(of_cluster(cluster.conf, owner))
+    release(cluster)
+    return pid is not None
 
 
 def status(cluster: Cluster) -> None:
@@ -159,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="start, stop or show a one-host Slurm ('serve' is the supervisor start leaves)")
     parser.add_argument("-N", "--nodes", type=int, default=2, help="fake nodes n1..nN (default 2)")
     parser.add_argument("--dir", type=Path, default=default_dir(),
-                        help="its private directory: config, state, logs (default /tmp/fanfs-slurm-$UID)")
+                        help="its private directory, config, state and logs: a new one or an empty one only you may "
+                             "enter (default /tmp/fanfs-slurm-$UID)")
     args = parser.parse_args(argv)
     if not 1 <= args.nodes <= 64:
         parser.error("-N takes 1 to 64 nodes")

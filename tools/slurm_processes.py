@@ -1,6 +1,6 @@
 """Finding and killing a one-host Slurm's processes by their environment (tools/slurm_cluster.py): every daemon,
-client command and job task of a cluster carries its ``SLURM_CONF`` and its owner's pid, even those that
-escaped their step or outlived the process that started the cluster.  Linux only (/proc).  Stdlib only."""
+slurmstepd and job task of a cluster carries its ``SLURM_CONF`` and its owner's pid, even those that escaped their
+step or outlived the process that started the cluster.  Linux only (/proc).  Stdlib only."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-# Set in the environment of the daemons and of every client command (hence of every job), so that
-# all processes of a cluster can be found in /proc, even after the Python process that owned it died.
+# Set in the environment of the daemons (hence of slurmstepd) and, by the task prolog, of every job task, so
+# that all processes of a cluster can be found in /proc, even after the Python process that owned it died.
 OWNER_VAR = "ONE_HOST_SLURM_OWNER"        # pid of the Python process that started the cluster
-CONF_VAR = "SLURM_CONF"                   # path of its slurm.conf (also set by slurmd for every job)
+CONF_VAR = "SLURM_CONF"                   # path of its slurm.conf (also in every job: sbatch's environment)
+
+Match = Callable[[dict[bytes, bytes]], bool]
 
 
 def _environ(pid: int) -> dict[bytes, bytes]:
@@ -24,7 +27,7 @@ def _environ(pid: int) -> dict[bytes, bytes]:
         return {}
 
 
-def find_processes(match) -> list[int]:
+def find_processes(match: Match) -> list[int]:
     """PIDs of other processes whose environment satisfies ``match(environ_dict)``."""
     pids = []
     for entry in os.scandir("/proc"):
@@ -33,7 +36,7 @@ def find_processes(match) -> list[int]:
     return pids
 
 
-def kill_all(match, grace: float = 2.0) -> list[int]:
+def kill_all(match: Match, grace: float = 2.0) -> list[int]:
     """SIGTERM every matching process, then SIGKILL what is left after ``grace`` s; returns PIDs."""
     victims = []
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -46,6 +49,13 @@ def kill_all(match, grace: float = 2.0) -> list[int]:
         while pids and find_processes(match) and time.monotonic() < deadline:
             time.sleep(0.1)
     return sorted(set(victims))
+
+
+def of_cluster(conf: Path, owner: int) -> Match:
+    """A cluster's own processes: its ``SLURM_CONF`` and its owner's pid.  ``SLURM_CONF`` alone is no mark: a
+    user's shell exports it (``eval "$(tools/slurm-local start)"``), and so does all that shell starts since."""
+    conf_value, owner_value = os.fsencode(conf), str(owner).encode()
+    return lambda env: env.get(CONF_VAR.encode()) == conf_value and env.get(OWNER_VAR.encode()) == owner_value
 
 
 def kill_stale_clusters() -> list[int]:
