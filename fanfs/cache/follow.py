@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import FanfsError
 from ..records import Presentation
 from ..store import Store
+from ..util.units import human_size
 
 log = logging.getLogger("fanfs")
 
@@ -45,6 +46,8 @@ def tick() -> int:
 AHEAD_FILES = 256  # files fetched and not yet read, at most, over all streams
 THREADS = 6  # fetches in flight
 SLACK = 64  # positions a file may lag behind read ones before it is given up (readers of a loader interleave)
+STALE = 30.0  # seconds after which a file fetched ahead and not read since is given up (the kernel may hold it: a
+# file whose pages the kernel keeps from an earlier read is read without a request, so no read of it is ever seen)
 RECENT = 1.0  # seconds: a file read this recently when its turn comes was read already (the readers are ahead)
 POLL = 0.01
 
@@ -54,7 +57,6 @@ class Stream:
     """One reader's order: entries, epochs back to back, and the next position to look at."""
 
     entries: np.ndarray
-    since: int  # tick when it was given: a read before that is no sign of where its reader is
     position: int = 0
 
 
@@ -74,6 +76,11 @@ class OrderFollower:
     """Follows the readers' streams, issuing fetches ahead of them; a subclass plans and makes the fetches."""
 
     what = "read ahead"
+
+    @property
+    def how(self) -> str:
+        """How it reads ahead, for a user (``fanfs ctl --order`` says it)."""
+        return f"reading ahead within {human_size(self.budget)}"
 
     def __init__(self, store: Store, presentation: Presentation, budget: int) -> None:
         """``presentation``: the one shown now (set :attr:`presentation` at a switch); ``budget``: bytes ahead, at most."""
@@ -97,7 +104,7 @@ class OrderFollower:
     def order(self, name: str, entries: np.ndarray) -> None:
         """Follow ``entries`` (files, in the order one reader opens them) as stream ``name`` from now on."""
         with self._wake:
-            self._streams[name] = Stream(np.asarray(entries, np.int64), tick())
+            self._streams[name] = Stream(np.asarray(entries, np.int64))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fanfs-follow", daemon=True)
                 self._thread.start()
@@ -154,17 +161,18 @@ class OrderFollower:
 
     def _settle(self) -> None:
         """Retire, from the oldest, the issued files that were read since, or given up (unread while a file issued
-        :data:`SLACK` later was read)."""
+        :data:`SLACK` later was read, or for :data:`STALE` seconds)."""
         ticks, issued = self.ticks, self._issued
         last_read = -1
         for i, item in enumerate(issued):
             if item.done and ticks[item.entry] >= item.since:
                 last_read = i
+        stale = tick() - STALE * TICKS_PER_SECOND
         while issued and issued[0].done:
             item = issued[0]
             read = ticks[item.entry] >= item.since
             if not read:
-                if last_read < SLACK:
+                if last_read < SLACK and item.since > stale:
                     break
                 self.counts["given_up"] += 1
             issued.popleft()
@@ -187,8 +195,8 @@ class OrderFollower:
         if len(self._issued) >= AHEAD_FILES or (stream := self._next_stream()) is None:
             return False
         entry = int(stream.entries[stream.position])
-        now, read = tick(), self.ticks[entry]
-        if now - read < RECENT * TICKS_PER_SECOND and read >= stream.since:  # read just now: the readers are ahead
+        now = tick()
+        if now - self.ticks[entry] < RECENT * TICKS_PER_SECOND:  # read just now: the readers are ahead of us
             stream.position += 1
             self.counts["skipped"] += 1
             return True

@@ -75,15 +75,20 @@ def _shortened(path: str) -> str:
     return path if len(path) <= EXAMPLE_CHARS else f"{path[:EXAMPLE_CHARS]}... ({len(path):,} characters)"
 
 
-def order_command(follow: Callable[[str, np.ndarray], None], index: Index,
-                  mountpoint: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def order_command(follow: Callable[[str, np.ndarray], None], index: Index, mountpoint: str,
+                  how: str = "") -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The control socket's ``{"cmd": "order", "path": FILE, "stream": NAME}``: read the order, have ``follow`` take
-    it as stream NAME (default "ctl"; one per reader process that tells its own), say what was in it."""
+    it as stream NAME (default "ctl"; one per reader process that tells its own), say what was in it and ``how`` the
+    mount reads ahead.  An order with no file of the store in it is refused, in one line."""
     def order(message: dict[str, Any]) -> dict[str, Any]:
         path, stream = message.get("path"), message.get("stream", "ctl")
         if not isinstance(path, str) or not isinstance(stream, str) or not stream:
             raise ValueError("an order names a file of paths: {\"cmd\": \"order\", \"path\": FILE, \"stream\": NAME}")
         order = read_order(path, index, mountpoint)
+        if not order.entries.size:
+            raise ValueError(f"none of the order's {order.unknown:,} paths is a file of the store (e.g. "
+                             f"{order.example}): give paths relative to the mount, or under {mountpoint}")
         follow(stream, order.entries)
-        return {"stream": stream, **order.describe()}
+        files = int(np.count_nonzero(index.type == FILE))
+        return {"stream": stream, **order.describe(), "store_files": files, "how": how}
     return order

@@ -18,6 +18,7 @@ from ..errors import FanfsError, NotHeld
 from ..records import Presentation
 from ..store import Store
 from ..store.sources import Descriptors
+from ..util.units import human_size
 from ..store.resident import in_memory
 from .follow import Issued, OrderFollower
 from .lazy import view_blobs
@@ -31,6 +32,10 @@ class PageCacheAhead(OrderFollower):
     """Has the kernel read the next files' blobs from this node's files into its page cache, within ``budget`` bytes."""
 
     what = "reading ahead"
+
+    @property
+    def how(self) -> str:
+        return f"reading the next files ahead into the page cache, within {human_size(self.budget)} (--prefetch)"
 
     def __init__(self, store: Store, presentation: Presentation, budget: int) -> None:
         super().__init__(store, presentation, budget)

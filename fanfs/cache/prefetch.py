@@ -17,6 +17,7 @@ from ..errors import FanfsError, NotHeld
 from ..peers.peer import RemoteBlobs
 from ..records import Presentation
 from ..store import Store
+from ..util.units import human_size
 from .follow import Issued, OrderFollower
 from .lazy import LazyShare, view_blobs
 from .localcache import AHEAD, KEPT, SPENT
@@ -26,6 +27,10 @@ class Prefetcher(OrderFollower):
     """Fetches ahead of a lazily staged node's readers into its cache, within the window its capacity leaves."""
 
     what = "fetching ahead"
+
+    @property
+    def how(self) -> str:
+        return f"fetching the next files' blobs into its cache, within a window of {human_size(self.budget)}"
 
     def __init__(self, store: Store, share: LazyShare, remotes: list[RemoteBlobs], presentation: Presentation) -> None:
         assert share.cache is not None and share.plan is not None

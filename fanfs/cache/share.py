@@ -142,7 +142,7 @@ class CacheHooks:
             self.follower = PageCacheAhead(store, presentation, budget)
         follow = self.follower.order if self.follower is not None else _no_budget
         self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-            "order": order_command(follow, store.index, mountpoint)}
+            "order": order_command(follow, store.index, mountpoint, self.follower.how if self.follower else "")}
 
     def stats(self, counters: dict[str, Any]) -> dict[str, Any]:
         share, follower = self.share, self.follower

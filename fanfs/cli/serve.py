@@ -124,15 +124,17 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
 
 def _order(mountpoint: str, path: str, stream: str) -> None:
-    """Give a lazily staged mount the order its readers will read in (``ctl --order``)."""
+    """Give a mount the order its readers will read in (``ctl --order``)."""
     from ..serve.control import request
     if not os.path.isfile(path):
         raise UsageError(f"--order {path}: no such file (one path per line, an empty line between epochs)")
     answer = request(mountpoint, {"cmd": "order", "path": os.path.abspath(path), "stream": stream}, timeout=600)
     unknown = f"; {answer['unknown']:,} paths left out, not files of the store (e.g. {answer['example_unknown']})" \
         if answer["unknown"] else ""
-    print(f"{mountpoint}: fetching ahead along {answer['files']:,} files in {answer['epochs']} epoch(s) "
-          f"(stream {answer['stream']}){unknown}")
+    many = f"; {answer['files'] / answer['store_files']:.1f} times the store's {answer['store_files']:,} files" \
+        if answer.get("store_files") and answer["files"] > answer["store_files"] else ""
+    print(f"{mountpoint}: {answer.get('how') or 'fetching ahead'}, along {answer['files']:,} files in "
+          f"{answer['epochs']} epoch(s) (stream {answer['stream']}){many}{unknown}")
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
@@ -219,6 +221,8 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
                                             for i, b in enumerate(stats["stored_by_side_layer"]) if b))
     if "cache" in stats:
         lines += _cache_lines(stats["cache"], stats.get("prefetch"))
+    elif "prefetch" in stats:
+        lines += _ahead_lines(stats["prefetch"])
     elif "staged" in stats:
         staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
         lines.append(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
@@ -256,12 +260,20 @@ def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
     if cache["unkept"]:
         lines.append(f"           {cache['unkept']:,} blobs could not be kept (the local directory was full: see the log)")
     if ahead is not None:
-        streams = ", ".join(f"{name} at {s['position']:,} of {s['files']:,}" for name, s in ahead["streams"].items())
-        lines.append(f"ahead      {ahead['files']:,} files fetched ahead of the readers ({human_size(ahead['bytes'])}: "
-                     f"{ahead['kept_fills']:,} blobs kept, {ahead['from_peers']:,} from peers, {ahead['from_shared']:,} "
-                     f"from the shared store), {ahead['skipped']:,} read before their turn, {ahead['given_up']:,} "
-                     f"given up; order: {streams}")
+        lines += _ahead_lines(ahead)
     return lines
+
+
+def _ahead_lines(ahead: dict) -> list[str]:
+    """``fanfs stats`` of a mount's read-ahead of a known order: how far ahead it is, what it read, and where."""
+    streams = ", ".join(f"{name} at {s['position']:,} of {s['files']:,}" for name, s in ahead["streams"].items())
+    where = (f": {ahead['kept_fills']:,} blobs kept, {ahead['from_peers']:,} from peers, {ahead['from_shared']:,} "
+             "from the shared store" if "kept_fills" in ahead else "")
+    return [f"ahead      {ahead['files']:,} files read ahead of the readers ({human_size(ahead['bytes'])}{where}), "
+            f"{ahead.get('in_memory', 0):,} in memory already, {ahead['skipped']:,} read before their turn, "
+            f"{ahead['given_up']:,} given up",
+            f"           now {ahead['ahead_files']:,} files, {human_size(ahead['ahead_bytes'])} ahead (budget "
+            f"{human_size(ahead['budget'])}); order: {streams}"]
 
 
 def check_stage_options(args: argparse.Namespace) -> None:
@@ -338,12 +350,13 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
 
     p = command("ctl", cmd_ctl, "change a running mount's presentation settings (files opened afterwards get them), "
-                "or tell a lazily staged mount the order its readers will read in")
+                "or tell a mount the order its readers will read in (it reads ahead)")
     p.add_argument("mountpoint", help="a running fanfs mount")
     add_presentation_options(p, default=None)
-    p.add_argument("--order", metavar="FILE", help="with --stage lazy: the paths the readers of this node will open, "
-                   "one per line in their order, an empty line between epochs (relative to the mount, or under it); "
-                   "the node then fetches the blobs of the next files ahead of them, from peers or the shared store")
+    p.add_argument("--order", metavar="FILE", help="the paths the readers of this mount will open, one per line in their "
+                   "order, an empty line between epochs (relative to the mount, or under it); the mount then reads the "
+                   "next files ahead of them, within its --prefetch budget (into the page cache; a --stage lazy node "
+                   "fetches them from peers or the shared store into its cache)")
     p.add_argument("--stream", default="ctl", metavar="NAME", help="with --order: whose order it is (one per reader "
                    "process of the node that tells its own; a new order of the same name replaces it; default ctl)")
 

@@ -119,6 +119,7 @@ def tell_order(root: Path, rels: list[str], work: Path) -> None:
     fanfs that reads nothing ahead (fanfs@base, before issue 40) says so and reads as without it."""
     order = work / "order"
     order.write_text("\n".join(rels) + "\n")
+    time.sleep(1.1)  # fanfs skips a file read in the last second (its readers are ahead): the pass before is not
     bl.fanfs("ctl", root, "--order", order, check=False)
 
 

@@ -1,0 +1,131 @@
+"""Issue 40: a mount reads ahead of a known order on every kind of mount (into the page cache, within ``--prefetch``),
+and a shard-aware sampler chooses an order a disk reads nearly in sequence and tells it to the mount."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fanfs_command import fanfs
+
+from fanfs.errors import FanfsError
+from fanfs.store import Store
+from fanfs.train import ShardShuffleSampler, shard_aware_order
+
+FILES = 120
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory):
+    """120 files of 20 KB in 30 shards of ~4 files each."""
+    base = tmp_path_factory.mktemp("ahead")
+    src = base / "src"
+    rng = np.random.default_rng(40)
+    for i in range(FILES):
+        path = src / f"c{i % 6}" / f"f{i:03d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.bytes(20_000))
+    fanfs("pack", src, base / "store", "--shard-size", "80K", "--quiet")
+    names = sorted(str(p.relative_to(src)) for p in src.rglob("*.bin"))
+    return src, base / "store", names
+
+
+def _evict(store: Path) -> None:
+    """The store's shards out of the page cache: a cold disk."""
+    for shard in (store / "shards").iterdir():
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _stats(mnt: Path) -> dict:
+    return json.loads(fanfs("stats", mnt, "--json").stdout)
+
+
+def _settled(mnt: Path) -> dict:
+    """The read-ahead's figures once they stop changing (nobody reads: it stops at its budget)."""
+    deadline, last = time.monotonic() + 60, None
+    while (now := _stats(mnt)["prefetch"]) != last and time.monotonic() < deadline:
+        last = now
+        time.sleep(0.3)
+    return now
+
+
+def test_a_mount_on_a_store_reads_an_order_ahead_within_its_budget(many_shards, tmp_path, mount):
+    """An order ten times the store (ten epochs), a budget of a few files: it reads ahead up to the budget, never past
+    it, and on as the readers read; stats say how far ahead it is."""
+    src, store, names = many_shards
+    order = tmp_path / "order"
+    order.write_text("\n\n".join("\n".join(np.random.default_rng(e).permutation(names)) for e in range(10)) + "\n")
+    budget = 5 * 20_000 + 1000
+    with mount(store, "--prefetch", str(budget)) as mnt:
+        _evict(store)
+        out = fanfs("ctl", mnt, "--order", order).stdout
+        assert f"along {10 * FILES:,} files in 10 epoch(s)" in out and "10.0 times the store's" in out, out
+        assert "page cache" in out
+        ahead = _settled(mnt)
+        assert 0 < ahead["ahead_bytes"] <= budget and ahead["files"] >= 4, ahead
+        first_epoch = np.random.default_rng(0).permutation(names)
+        for i, name in enumerate(first_epoch[:40]):
+            assert (mnt / name).read_bytes() == (src / name).read_bytes()
+            if i % 10 == 9:
+                assert _stats(mnt)["prefetch"]["ahead_bytes"] <= budget
+        ahead = _settled(mnt)
+        assert ahead["ahead_bytes"] <= budget and ahead["streams"]["ctl"]["position"] > 40, ahead
+        lines = fanfs("stats", mnt).stdout
+        assert "files read ahead of the readers" in lines and "requests" in lines
+
+
+def test_an_order_of_no_store_file_and_a_budget_of_zero_are_one_line(many_shards, tmp_path, mount):
+    _, store, _ = many_shards
+    (tmp_path / "order").write_text("not/here\nnor/this\n")
+    with mount(store) as mnt:
+        done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1 and "none of the order's 2 paths" in done.stderr
+    (tmp_path / "order").write_text("c0/f000.bin\n")
+    with mount(store, "--prefetch", "0") as mnt:
+        done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1 and "budget is 0" in done.stderr
+
+
+def test_a_shard_aware_order_reads_each_window_s_shards_together():
+    shards = np.repeat(np.arange(30), 4)
+    rng = np.random.default_rng(1)
+    for window in (1, 3, 30):
+        order = shard_aware_order(shards, window, rng)
+        assert np.array_equal(np.sort(order), np.arange(shards.size))  # every file once
+        seen = shards[order]
+        groups = [set(seen[i:i + 4 * window]) for i in range(0, seen.size, 4 * window)]
+        assert all(len(group) == window for group in groups[:-1])  # a window's files are its shards', together
+    with pytest.raises(ValueError, match="window"):
+        shard_aware_order(shards, 0, rng)
+
+
+def test_the_shard_aware_sampler_visits_every_file_once_an_epoch_and_tells_the_mount(many_shards, mount):
+    src, store, names = many_shards
+    with mount(store) as mnt:
+        paths = [str(mnt / name) for name in names]
+        sampler = ShardShuffleSampler(paths, window=1, mountpoint=mnt, seed=5)
+        index = Store(str(store), check_shards=False).index
+        shard_of = np.array([int(index.shard[index.lookup(name.encode())]) for name in names])
+        epochs = []
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            epochs.append(list(sampler))
+            assert sorted(epochs[-1]) == list(range(FILES))
+            runs = np.flatnonzero(np.diff(shard_of[epochs[-1]])).size + 1
+            assert runs == np.unique(shard_of).size  # a window of one shard: each shard's files together
+        assert epochs[0] != epochs[1]
+        stream = _stats(mnt)["prefetch"]["streams"][sampler.stream]
+        assert stream["files"] == 2 * FILES  # this epoch and the next, told to the mount
+        halves = [list(ShardShuffleSampler(paths, window=2, mountpoint=mnt, seed=5, num_replicas=2, rank=r))
+                  for r in (0, 1)]
+        assert sorted(halves[0] + halves[1]) == list(range(FILES))  # two ranks: each file once between them
+    with pytest.raises(FanfsError, match="mount point"):
+        ShardShuffleSampler(paths, mountpoint=None)
