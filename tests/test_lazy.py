@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.inject import inject
 from fanfs_command import fanfs, force_unmount, stats_command as stats
 
 from fanfs.errors import FanfsError
@@ -217,11 +218,12 @@ def test_a_quarter_of_the_share_as_capacity(photos, tmp_path, mount):
 
 
 @pytest.mark.slow
-def test_a_daemon_killed_mid_fetch_and_a_second_mount(photos, tmp_path, mount):
+def test_a_daemon_killed_mid_fetch_and_a_second_mount(photos, tmp_path, mount, monkeypatch):
     store, names, expected = photos
     local, mnt = tmp_path / "local", tmp_path / "mnt"
     mnt.mkdir()
-    env = {**os.environ, "FANFS_DEBUG_FILL_DELAY": "60"}
+    with monkeypatch.context() as patch:
+        env = inject(patch, "fanfs.cache.localcache:FILL_DELAY=60")  # a fill waits with half its copy written
     fanfs("mount", store, mnt, "--local-dir", local, "--stage", "lazy", env=env)
     try:
         from fanfs.serve.control import request

@@ -19,6 +19,7 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
+from support.inject import inject
 from fanfs_command import fanfs, set_presentation
 from test_cluster import MPIEXEC, NODES, Job
 from test_fsspec_node import NodeJob
@@ -76,7 +77,7 @@ def test_readers_on_every_node_race_for_unfetched_blobs_at_every_fidelity(photos
     assert sum(c["fill_bytes"] - c["peer_fill_bytes"] for c in stats) == int(index.blob_stored.sum())
 
 
-def test_a_daemon_killed_while_it_fetches_for_a_peer(photos, tmp_path):  # noqa: F811
+def test_a_daemon_killed_while_it_fetches_for_a_peer(photos, tmp_path, monkeypatch):  # noqa: F811
     store, names, expected = photos
     index = Store(str(store), check_shards=False).index
     placement = place(index.blob_stored, NODES, 1)
@@ -84,11 +85,9 @@ def test_a_daemon_killed_while_it_fetches_for_a_peer(photos, tmp_path):  # noqa:
               and placement.primary(int(index.first[index.lookup(n.encode())])) == 1
               and placement.holds_range(1, int(index.first[index.lookup(n.encode())]),
                                         int(index.count[index.lookup(n.encode())]))]
-    os.environ["FANFS_DEBUG_FILL_DELAY"] = "60"  # every node: a fill waits with half its copy written
-    try:
+    with monkeypatch.context() as patch:
+        inject(patch, "fanfs.cache.localcache:FILL_DELAY=60")  # every node: a fill waits with half its copy written
         job = Job(store, tmp_path, 1, "--stage", "lazy")
-    finally:
-        del os.environ["FANFS_DEBUG_FILL_DELAY"]
     with job:
         victim = job.pid(1)
         ctx = mp.get_context("fork")

@@ -2,7 +2,7 @@
 
 Eight reader processes list, open, fstat, read and decode JPEG records as fast as they can while the mount's
 fidelity cycles through 1, 3, full, 5, 2, full, and every invalidation of a cached name is slowed down
-on purpose (``FANFS_DEBUG_INVALIDATE_DELAY``), so a switch's window is long.  Every read must be
+on purpose (``INVALIDATE_DELAY``, injected: tests/support/inject), so a switch's window is long.  Every read must be
 exactly as long as its fstat says, and be byte for byte one of the file's presentations (first K
 layers + EOI, or the whole record), which Pillow decodes.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xxhash
+from support.inject import inject
 from fanfs_command import fanfs
 from photo_samples import make_photo_set
 from support.processes import kernel_state
@@ -131,7 +132,7 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch, w
         layers = int(s.index.layers[entry])
         valid[name] = _digests(s, entry, range(1, layers + 1))
     s.close()
-    monkeypatch.setenv("FANFS_DEBUG_INVALIDATE_DELAY", "0.003")  # the daemon inherits it
+    inject(monkeypatch, "fanfs.serve.fusefs:INVALIDATE_DELAY=0.003")  # the daemon inherits it
     with mount(store, "--fidelity", "2", "--workers", str(workers)) as mnt:
         reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"),
                                           [{"fidelity": k} for k in SWITCHES], 8, SECONDS, 0.2)
@@ -166,7 +167,7 @@ def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monke
         if s.index.record[entry] == FloatRecords.kind_id and name.endswith(".npy"):
             loadable.add(name)
     s.close()
-    monkeypatch.setenv("FANFS_DEBUG_INVALIDATE_DELAY", "0.003")
+    inject(monkeypatch, "fanfs.serve.fusefs:INVALIDATE_DELAY=0.003")
     settings = [{"precision": 8}, {"fidelity": 1}, {"precision": FULL}, {"fidelity": 3}, {"precision": 16},
                 {"fidelity": FULL}, {"precision": 24}, {"fidelity": 2}]
     with mount(store, "--precision", "16", "--fidelity", "2", "--workers", "2") as mnt:
@@ -193,7 +194,7 @@ def test_no_torn_read_while_fidelity_switches_among_tiers_and_scans(tmp_path, mo
         assert views == [half, quarter]  # every photo has its tiers
         valid[name] = _digests(s, entry, [*range(1, int(s.index.layers[entry]) + 1), *views])
     s.close()
-    monkeypatch.setenv("FANFS_DEBUG_INVALIDATE_DELAY", "0.003")
+    inject(monkeypatch, "fanfs.serve.fusefs:INVALIDATE_DELAY=0.003")
     cycle = [{"fidelity": value} for value in (quarter, 3, FULL, half, 1, quarter, half, FULL)]
     with mount(store, "--fidelity", "1/2", "--workers", "2") as mnt:
         reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"), cycle, 8, SECONDS, 0.2)

@@ -202,12 +202,7 @@ class FanfsFS:
     def ready(self, session: ll.Session) -> None:
         self.session = session
         if session.splicing and self.store.extents is not None:
-            problem = splice.pipe_problem(session.max_read)
-            if problem is None:
-                self._spliced = self.store.extents.is_extent
-            else:
-                log.warning("large files are copied through this process, not spliced: %s (pipe-max-size, or this "
-                            "user's pipe-user-pages-soft in /proc/sys/fs, is too low)", problem)
+            self._spliced = self.store.extents.is_extent
         self._on_ready()
 
     def readahead(self) -> int | None:
@@ -332,8 +327,9 @@ class FanfsFS:
         return done
 
 
-INVALIDATE_DELAY = float(os.environ.get("FANFS_DEBUG_INVALIDATE_DELAY", "0") or 0)
-"""Fault injection for tests: seconds to pause between two invalidations of a switch (a slow kernel)."""
+INVALIDATE_DELAY = 0.0
+"""Seconds to pause between two invalidations of a switch: 0, but for tests that make a switch's window long (a slow
+kernel; tests/support/inject)."""
 
 
 def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False,
@@ -349,8 +345,13 @@ def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = Fal
     options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs"]
     if allow_other:
         options.append("allow_other")
-    session = ll.Session(fs, mountpoint, options, debug=debug, readahead_bytes=readahead,
-                         max_read=splice.max_read() if store.extents is not None else 0)
+    max_read = 0
+    if store.extents is not None:
+        max_read, problem = splice.splice_size()
+        if problem:
+            log.warning("large files are copied through this process, not spliced: %s (pipe-max-size, or this user's "
+                        "pipe-user-pages-soft in /proc/sys/fs, is too low)", problem)
+    session = ll.Session(fs, mountpoint, options, debug=debug, readahead_bytes=readahead, max_read=max_read)
     try:
         if workers <= 1:
             serving(None)

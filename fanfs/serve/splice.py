@@ -5,7 +5,8 @@ libfuse 3.14 splices when the connection wants ``FUSE_CAP_SPLICE_WRITE`` (:class
 when given a ``max_read``) and the reply fits the pipe it keeps per thread.  The trap measured here: it asks for a
 pipe of the reply plus three pages and a header, a pipe may not exceed ``/proc/sys/fs/pipe-max-size`` (1 MiB; more
 needs CAP_SYS_RESOURCE), and once growing a pipe failed it copies every reply through memory for good, without a
-word (1 MiB requests asked for 1,060,880 bytes).  :func:`max_read` keeps every request below that.
+word (1 MiB requests asked for 1,060,880 bytes).  :func:`splice_size` keeps every request below that, or says why
+not to splice at all.
 """
 
 from __future__ import annotations
@@ -24,36 +25,37 @@ lib.fuse_reply_data.restype = ctypes.c_int
 lib.fuse_reply_data.argtypes = [c_req, ctypes.POINTER(FuseBufvec1), ctypes.c_int]
 _PIPE_EXTRA_PAGES = 3  # libfuse 3.14: one page per iovec (the header) and per buffer, and one more
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-REFUSED = bool(os.environ.get("FANFS_DEBUG_SPLICE_REFUSED"))
-"""Fault injection for tests: the pipe libfuse needs is refused (as a low pipe-max-size would), so nothing is spliced."""
+SMALLEST = 128 << 10
+"""Requests smaller than this are not worth splicing: a copy path in requests of up to 1 MiB beats splices of a few
+pages each (a pipe-max-size of 4 KiB left every request at 4 KiB)."""
 
 
-def max_read() -> int:
-    """The largest read request whose spliced reply libfuse sends as one splice (at most 1 MiB, the kernel's)."""
-    page = os.sysconf("SC_PAGE_SIZE")
+def pipe_max_size() -> int:
+    """The largest pipe this process may make (``/proc/sys/fs/pipe-max-size``; 1 MiB where it cannot be read)."""
     try:
         with open("/proc/sys/fs/pipe-max-size") as f:
-            limit = int(f.read())
+            return int(f.read())
     except (OSError, ValueError):
-        limit = 1 << 20
-    return max(page, min(1 << 20, (limit - _PIPE_EXTRA_PAGES * page - 16) // page * page))
+        return 1 << 20
 
 
-def pipe_problem(max_read: int) -> str | None:
-    """Why libfuse could not size its pipe for a reply of ``max_read`` bytes in this process (it would then copy
-    every reply, silently), or None: a pipe is made and grown as libfuse will grow each of its threads' pipes."""
-    if REFUSED:
-        return "refused (FANFS_DEBUG_SPLICE_REFUSED)"
+def splice_size() -> tuple[int, str | None]:
+    """The request size (``max_read``) whose spliced reply libfuse sends as one splice (at most 1 MiB, the kernel's),
+    or 0 and why splicing is not worth it here: a pipe that small, or one libfuse could not size (it would then copy
+    every reply through memory, silently).  Decided before the session is made: ``max_read`` is a mount option."""
     page = os.sysconf("SC_PAGE_SIZE")
+    size = min(1 << 20, (pipe_max_size() - _PIPE_EXTRA_PAGES * page - 16) // page * page)
+    if size < SMALLEST:
+        return 0, f"pipe-max-size {pipe_max_size():,} bytes leaves {max(size, 0):,}-byte requests to splice"
     read_end, write_end = os.pipe()
-    try:
-        fcntl.fcntl(read_end, F_SETPIPE_SZ, max_read + _PIPE_EXTRA_PAGES * page + 16)
+    try:  # grown as libfuse will grow each of its threads' pipes: this user's pipe-user-pages-soft may refuse it
+        fcntl.fcntl(read_end, F_SETPIPE_SZ, size + _PIPE_EXTRA_PAGES * page + 16)
     except OSError as err:
-        return f"a pipe of {max_read + _PIPE_EXTRA_PAGES * page + 16:,} bytes is refused ({err.strerror})"
+        return 0, f"a pipe of {size + _PIPE_EXTRA_PAGES * page + 16:,} bytes is refused ({err.strerror})"
     finally:
         os.close(read_end)
         os.close(write_end)
-    return None
+    return size, None
 
 
 def reply_fd(req: int, fd: int, position: int, length: int) -> bool:

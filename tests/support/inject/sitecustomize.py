@@ -1,0 +1,18 @@
+"""Faults injected into a fanfs process a test starts (a daemon, a rank), from the test, never from production code.
+
+Python imports ``sitecustomize`` at start-up from ``sys.path``: a test puts this directory first on ``PYTHONPATH`` and
+names what to change in ``FANFS_TEST_INJECT``, ``;``-separated ``module:NAME=EXPRESSION`` items (support/inject.py
+writes both): each module is imported and its attribute set to the expression's value, before fanfs runs.
+
+    fanfs.serve.fusefs:INVALIDATE_DELAY=0.003       a slow kernel's invalidations
+    fanfs.cache.localcache:FILL_DELAY=60            a fill that waits with half its copy written
+    fanfs.serve.splice:pipe_max_size=lambda: 4096   a site whose pipes are one page
+"""
+
+import importlib
+import os
+
+for item in filter(None, os.environ.get("FANFS_TEST_INJECT", "").split(";")):
+    target, _, expression = item.partition("=")
+    module, _, name = target.partition(":")
+    setattr(importlib.import_module(module), name, eval(expression))  # noqa: S307 - a test's own expression
