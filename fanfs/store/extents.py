@@ -22,6 +22,7 @@ one not in a reply is closed for a new one.
 from __future__ import annotations
 
 import mmap
+import multiprocessing
 import os
 import threading
 from collections import OrderedDict
@@ -38,7 +39,7 @@ from .sources import ShardSource
 STREAMS = 64
 """Descriptors kept open for files being read (each a stream with its own read-ahead)."""
 VERIFY_LOCKS = 64
-"""Chunks being verified at once by one process's threads (a lock per chunk number modulo this)."""
+"""Chunks being verified at once by a mount's threads and processes (a lock per chunk number modulo this)."""
 
 
 class _Stream:
@@ -64,7 +65,9 @@ class ExtentPlaces:
         self._verified = memoryview(self._memory)
         self._streams: OrderedDict[int, _Stream] = OrderedDict()
         self._lock = threading.Lock()
-        self._verifying = [threading.Lock() for _ in range(VERIFY_LOCKS)]
+        # one per chunk number modulo VERIFY_LOCKS, shared with the serving processes forked after this: a chunk is
+        # verified once by one of them (and a bad one logged once), not once by each
+        self._verifying = [multiprocessing.get_context("fork").Lock() for _ in range(VERIFY_LOCKS)]
         self._buffers = threading.local()
         self.touched: memoryview | None = None  # per entry, the clock at its last read (Store.follow_reads)
         self.clock: Callable[[], int] = int
@@ -228,7 +231,6 @@ class ExtentPlaces:
     def after_fork(self) -> None:
         """In a forked serving process: descriptors and read-ahead state of its own (the parent's are closed here)."""
         self._lock = threading.Lock()
-        self._verifying = [threading.Lock() for _ in range(VERIFY_LOCKS)]
         for stream in self._streams.values():
             os.close(stream.fd)
         self._streams.clear()

@@ -26,6 +26,7 @@ from ..codecs import Codec, CodecError, codec_from_config
 from ..errors import DataError, FanfsError, NotHeld, StoreError, WouldWait
 from ..records import FULL, SIDE_LAYER, SIDE_LAYERS, Presentation, RecordKind, kind_table, kinds
 from ..records.base import Span
+from .shared import ReportTimes
 from .stream import BlobCache, StreamChunks
 from .extents import ExtentPlaces
 from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, checksum, shard_name
@@ -106,7 +107,7 @@ class Store:
         self._type, self._record, self._shard = items.type, items.record, items.shard
         self._raw, self._stored = items.blob_raw, items.blob_stored
         self._offset, self._checksum = items.blob_offset, items.blob_checksum
-        self._reported: dict[int, float] = {}
+        self._reported = ReportTimes()
         self.is_local: Callable[[int, int], bool] = is_local or (lambda entry, view: True)
         # Sources that give a run of one file's blobs in one round trip (peers): a read of several blobs this node
         # lacks fetches them at once, and _fetch takes them from this thread's ``ahead`` (blob -> bytes, source)
@@ -244,14 +245,8 @@ class Store:
         return DataError(message)
 
     def _first_report(self, blob: int) -> bool:
-        """Log a blob's trouble once a minute, not once per retry of the same read."""
-        now = time.monotonic()
-        if now - self._reported.get(blob, -REPORT_EVERY) < REPORT_EVERY:
-            return False
-        if len(self._reported) > 4096:
-            self._reported.clear()
-        self._reported[blob] = now
-        return True
+        """Log a blob's trouble once a minute, not once per retry of the same read, nor once per serving process."""
+        return self._reported.due(blob, REPORT_EVERY)
 
     def _describe(self, entry: int, blob: int) -> str:
         shard = shard_name(self._shard[entry])

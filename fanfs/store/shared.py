@@ -81,6 +81,26 @@ class SharedChunks:
                 self._blob[slot], self._state[slot] = -1, EMPTY
 
 
+class ReportTimes:
+    """When each blob's trouble was last logged, in memory the processes forked after this share (a mount's serving
+    processes, a loader's workers), so that one bad blob is one log line a minute, not one per process.  Direct-mapped
+    slots: a blob whose slot another took meanwhile may be logged again sooner, never less often."""
+
+    def __init__(self, slots: int = 4096) -> None:
+        self._memory = mmap.mmap(-1, 16 * slots)
+        self._blob = np.frombuffer(self._memory, np.int64, slots)
+        self._when = np.frombuffer(self._memory, np.float64, slots, 8 * slots)
+        self._blob[:] = -1
+
+    def due(self, blob: int, every: float) -> bool:
+        """Whether ``blob`` was not logged in the last ``every`` seconds (and it counts as logged now if so)."""
+        slot, now = blob % self._blob.size, time.monotonic()
+        if self._blob[slot] == blob and now - self._when[slot] < every:
+            return False
+        self._blob[slot], self._when[slot] = blob, now
+        return True
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
