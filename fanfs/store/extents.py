@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import mmap
 import multiprocessing
+import multiprocessing.synchronize  # noqa: F401  (the locks' module: imported with the store, not at a first lock)
 import os
 import threading
 from collections import OrderedDict
@@ -34,7 +35,7 @@ import numpy as np
 from ..errors import FanfsError, NotHeld, WouldWait
 from ..util.checksum import checksum
 from .resident import in_memory
-from .sources import ShardSource
+from .sources import InPlace, ShardSource
 
 STREAMS = 64
 """Descriptors kept open for files being read (each a stream with its own read-ahead)."""
@@ -55,6 +56,7 @@ class ExtentPlaces:
     def __init__(self, index: Any, is_extent: np.ndarray, sources: Sequence[ShardSource], stats: Any, chunk_size: int) -> None:
         """``is_extent``: a bool per entry (files of a kind read in place)."""
         self._sources, self._stats, self._chunk = list(sources), stats, chunk_size
+        self._in_place = [isinstance(source, InPlace) for source in self._sources]
         self.is_extent = memoryview(is_extent)
         self._first, self._size, self._shard = memoryview(index.first), memoryview(index.size), memoryview(index.shard)
         self._offset, self._stored = memoryview(index.blob_offset), memoryview(index.blob_stored)
@@ -90,7 +92,7 @@ class ExtentPlaces:
             self._release(stream)
         if sent:
             chunk, first = self._chunk, self._first[entry]
-            served = self._sources[stream.source].served_in_place
+            served = self._sources[stream.source].served_in_place  # type: ignore[attr-defined]
             for blob in blobs:
                 low = max(offset, (blob - first) * chunk)
                 served(blob, min(end, (blob - first + 1) * chunk) - low, low == (blob - first) * chunk)
@@ -161,8 +163,10 @@ class ExtentPlaces:
     def _where(self, blob: int, shard: int) -> tuple[int, int] | None:
         """The first source that may hold the blob, and where it keeps it (None: that source cannot say)."""
         for i, source in enumerate(self._sources):
+            if not self._in_place[i]:
+                return None  # a peer: read by the copy path
             try:
-                place = source.place(blob, shard, self._offset[blob])
+                place = source.place(blob, shard, self._offset[blob])  # type: ignore[attr-defined]
             except NotHeld:
                 continue
             except (OSError, FanfsError):  # a copy gone bad: the copy path says so, and asks the next source
@@ -207,7 +211,7 @@ class ExtentPlaces:
                     return None
                 os.close(self._streams.pop(entry).fd)
         try:
-            fd = self._sources[source].reopen(self._shard[entry], self._offset[self._first[entry]])
+            fd = self._sources[source].reopen(self._shard[entry], self._offset[self._first[entry]])  # type: ignore[attr-defined]
         except OSError:
             fd = None
         if fd is None:

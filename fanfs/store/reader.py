@@ -31,7 +31,7 @@ from .stream import BlobCache, StreamChunks
 from .extents import ExtentPlaces
 from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, checksum, shard_name
 from .index import Index
-from .sources import LocalShards, ReadsInMemory, ShardSource, check_shard_files
+from .sources import InPlace, LocalShards, ReadsInMemory, ReadsRuns, ShardSource, check_shard_files
 
 log = logging.getLogger("fanfs")
 
@@ -110,8 +110,11 @@ class Store:
         self._reported = ReportTimes()
         self.is_local: Callable[[int, int], bool] = is_local or (lambda entry, view: True)
         # Sources that give a run of one file's blobs in one round trip (peers): a read of several blobs this node
-        # lacks fetches them at once, and _fetch takes them from this thread's ``ahead`` (blob -> bytes, source)
-        self._runs = any(hasattr(source, "read_run") for source in self.sources)
+        # lacks fetches them at once, and _fetch takes them from this thread's ``ahead`` (blob -> bytes, source);
+        # sources whose blobs an extent may be spliced from (InPlace)
+        self._run_sources = [source for source in self.sources if isinstance(source, ReadsRuns)]
+        self._runs = bool(self._run_sources)
+        self._in_place = [isinstance(source, InPlace) for source in self.sources]
         self._ahead = threading.local()
         # per source, how to read a blob only if it is in memory (None: it cannot say; a read that must not wait
         # then leaves it to a thread that may), for reads made with ``wait=False`` (a serving loop's)
@@ -202,7 +205,7 @@ class Store:
             if len(data) == length and checksum(data) == expected:
                 self.stats.stored_by_layer[min(layer, SIDE_LAYER + SIDE_LAYERS - 1)] += length
                 self.stats.by_source[source.name] = self.stats.by_source.get(source.name, 0) + length
-                if self.extents is not None and source.holds_in_place(blob):
+                if self.extents is not None and self._in_place[i] and source.holds_in_place(blob):  # type: ignore[attr-defined]
                     self.extents.vouch(blob, i)  # these very bytes lie where an extent's read will splice them from
                 if problems and self._first_report(blob):
                     log.warning("%s: used %s after: %s", self._describe(entry, blob), source.name, "; ".join(problems))
@@ -215,12 +218,9 @@ class Store:
     def _fetch_run(self, first: int, count: int) -> dict[int, tuple[bytes, str]]:
         """Blobs ``first .. first + count - 1`` from the first source that gives them all in one round trip, each
         checked; empty if none does (the blob-at-a-time path then asks every source, logs and falls back)."""
-        for source in self.sources:
-            read_run = getattr(source, "read_run", None)
-            if read_run is None:
-                continue
+        for source in self._run_sources:
             try:
-                data = read_run(first, count)
+                data = source.read_run(first, count)
             except NotHeld:
                 continue
             except (OSError, FanfsError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from abc import ABC, abstractmethod
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -20,40 +21,23 @@ from ..util.files import open_regular
 from .resident import Unsupported, pread_resident
 from .format import SHARD_DIR, SHARD_HEADER, check_shard_header, shard_name
 
-__all__ = ["NotHeld", "ShardSource", "ReadsInMemory", "Descriptors", "LocalShards", "HeldShards", "reopen"]
+__all__ = ["NotHeld", "ShardSource", "InPlace", "ReadsRuns", "ReadsInMemory", "Descriptors", "LocalShards",
+           "HeldShards", "reopen"]
 
 
-class ShardSource:
-    """Somewhere shard bytes can be read from."""
+class ShardSource(ABC):
+    """Somewhere shard bytes can be read from.  What a source can do beyond :meth:`read` it declares by the
+    capabilities it implements (:class:`InPlace`, :class:`ReadsRuns`, :class:`ReadsInMemory`, :class:`Descriptors`:
+    protocols the Store and its readers check once, when they are given the source)."""
 
     name = "source"
 
+    @abstractmethod
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
         """The stored bytes of ``blob``: ``length`` bytes at ``offset`` of ``shard``."""
-        raise NotImplementedError
 
     def rejected(self, blob: int) -> None:
         """The bytes this source gave for ``blob`` failed the store's check (a cache drops its copy)."""
-
-    def place(self, blob: int, shard: int, offset: int) -> int | None:
-        """Where in a file of this node the blob's stored bytes lie, to be read in place (an extent's, spliced);
-        None if this source cannot say (a peer; a copy not made yet): the store reads it with :meth:`read`.
-        NotHeld, as :meth:`read` raises it."""
-        return None
-
-    def holds_in_place(self, blob: int) -> bool:
-        """Whether the bytes :meth:`read` just gave for the blob are the ones :meth:`place` positions (a file read
-        as it lies: they were checked, so a splice of them serves checked bytes)."""
-        return False
-
-    def served_in_place(self, blob: int, length: int, from_start: bool) -> None:
-        """``length`` bytes of the blob were served where :meth:`place` said they lie (``from_start``: from its first
-        byte on: a read of the blob, as :meth:`read` counts them)."""
-
-    def reopen(self, shard: int, offset: int) -> int | None:
-        """A new descriptor (the caller's to close) on the file that :meth:`place` positions are in for blobs of
-        ``shard`` at ``offset``: the same file, opened again, so that a stream has read-ahead of its own."""
-        return None
 
     def close(self) -> None:
         pass
@@ -64,6 +48,43 @@ class ShardSource:
     def after_fork(self) -> None:
         """In a forked child, before its first read: renew what cannot be shared with the parent (locks another
         thread may have held at the fork; connections).  Open files stay shared: reads use ``pread``."""
+
+
+@runtime_checkable
+class InPlace(Protocol):
+    """A source whose blobs lie in files of this node, where an extent's read may splice them from
+    (:mod:`fanfs.store.extents`)."""
+
+    def place(self, blob: int, shard: int, offset: int) -> int | None:
+        """Where in a file of this node the blob's stored bytes lie; None if this source cannot say now (a copy not
+        made yet; a file on a network file system, never spliced): the store reads it with ``read``.  NotHeld, as
+        ``read`` raises it."""
+        ...
+
+    def holds_in_place(self, blob: int) -> bool:
+        """Whether the bytes ``read`` just gave for the blob are the ones :meth:`place` positions (a file read as it
+        lies: they were checked, so a splice of them serves checked bytes)."""
+        ...
+
+    def served_in_place(self, blob: int, length: int, from_start: bool) -> None:
+        """``length`` bytes of the blob were served where :meth:`place` said they lie (``from_start``: from its first
+        byte on: a read of the blob, as ``read`` counts them)."""
+        ...
+
+    def reopen(self, shard: int, offset: int) -> int | None:
+        """A new descriptor (the caller's to close) on the file that :meth:`place` positions are in for blobs of
+        ``shard`` at ``offset``: the same file, opened again, so that a stream has read-ahead of its own."""
+        ...
+
+
+@runtime_checkable
+class ReadsRuns(Protocol):
+    """A source that gives a run of one file's blobs in one round trip (a peer): a read of several blobs this node
+    lacks fetches them at once."""
+
+    def read_run(self, first: int, count: int) -> bytes:
+        """The stored bytes of blobs ``first .. first + count - 1``, back to back; NotHeld as ``read`` raises it."""
+        ...
 
 
 @runtime_checkable
@@ -169,6 +190,9 @@ class LocalShards(ShardSource):
 
     def holds_in_place(self, blob: int) -> bool:
         return True
+
+    def served_in_place(self, blob: int, length: int, from_start: bool) -> None:
+        pass
 
     def reopen(self, shard: int, offset: int) -> int | None:
         return reopen(self._fd(shard))
