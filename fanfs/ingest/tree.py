@@ -100,7 +100,7 @@ class TreeBuilder:
             self._links[new] = target
             if kind == SYMLINK:
                 self._targets[new] = self._targets[target]
-                if member.archived or target in self._archived_links:  # checked as the link it copies
+                if member.archived:  # checked as the link it copies (hard links stay within their source)
                     self._archived_links[new] = member.where
         elif kind == SYMLINK:
             self._targets[new] = member.target

@@ -64,10 +64,6 @@ class Extents(PlainFiles):
         packed = pays(codec, sample)
         return None if packed is None else f"{codec.spec} saves {1 - len(packed) / len(sample):.0%} of a sample"
 
-    def pack(self, source: SourceFile, head: bytes) -> Packed:
-        """The plain chunks, stored as they are and page-aligned (the caller checked :meth:`adopts`)."""
-        return self.adopt(super().pack(source, head))
-
     def adopt(self, packed: Packed) -> Packed:
         """A plain file's chunks (no holes) as an extent's: stored as they are, from a page boundary."""
         packed.compress, packed.align = False, ALIGN

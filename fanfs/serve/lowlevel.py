@@ -83,7 +83,6 @@ def _load() -> ctypes.CDLL:
         "fuse_add_direntry_plus": (ctypes.c_size_t, [c_req, _vp, ctypes.c_size_t, ctypes.c_char_p,
                                                      ctypes.POINTER(EntryParam), ctypes.c_int64]),
         "fuse_lowlevel_notify_inval_entry": (ctypes.c_int, [_vp, c_ino, ctypes.c_char_p, ctypes.c_size_t]),
-        "fuse_lowlevel_notify_inval_inode": (ctypes.c_int, [_vp, c_ino, ctypes.c_int64, ctypes.c_int64]),
         "fuse_session_receive_buf": (ctypes.c_int, [_vp, ctypes.POINTER(FuseBuf)]),
         "fuse_session_process_buf": (None, [_vp, ctypes.POINTER(FuseBuf)]),
     }
@@ -101,21 +100,20 @@ def _supported() -> str:
     return f"3.{SUPPORTED[0] % 100}-3.{SUPPORTED[1] % 100} ({SONAME})"
 
 
-_lib = _load()
-lib = _lib
+lib = _load()
 """The loaded libfuse, its functions declared (:mod:`.splice` declares the one it adds)."""
 _libc = ctypes.CDLL(None)
 _libc.free.argtypes, _libc.free.restype = [_vp], None
-reply_err = _lib.fuse_reply_err
-reply_buf = _lib.fuse_reply_buf
-_reply_at = ctypes.CFUNCTYPE(ctypes.c_int, c_req, _vp, ctypes.c_size_t)(("fuse_reply_buf", _lib))
+reply_err = lib.fuse_reply_err
+reply_buf = lib.fuse_reply_buf
+_reply_at = ctypes.CFUNCTYPE(ctypes.c_int, c_req, _vp, ctypes.c_size_t)(("fuse_reply_buf", lib))
 
 
 class IoVec(ctypes.Structure):
     _fields_ = [("base", _vp), ("len", ctypes.c_size_t)]
 
 
-_reply_iov = ctypes.CFUNCTYPE(ctypes.c_int, c_req, ctypes.POINTER(IoVec), ctypes.c_int)(("fuse_reply_iov", _lib))
+_reply_iov = ctypes.CFUNCTYPE(ctypes.c_int, c_req, ctypes.POINTER(IoVec), ctypes.c_int)(("fuse_reply_iov", lib))
 _BYTES_DATA = bytes.__basicsize__ - 1
 """Where a bytes object's data begins, from its address (CPython's layout: ``ob_sval`` ends the fixed part)."""
 if ctypes.string_at(id(_probe := b"fanfs") + _BYTES_DATA, 5) != _probe:
@@ -198,7 +196,7 @@ class Session:
             "statfs": INO(self._guard(fs.statfs)),
         }
         self._ops = LowLevelOps(**{name: ctypes.cast(cb, _vp) for name, cb in self._callbacks.items()})
-        self._se = _lib.fuse_session_new(ctypes.byref(self._args), ctypes.byref(self._ops),
+        self._se = lib.fuse_session_new(ctypes.byref(self._args), ctypes.byref(self._ops),
                                          ctypes.sizeof(self._ops), None)
         if not self._se:
             raise OSError(errno.EINVAL, f"libfuse refused the mount options {','.join(options)}")
@@ -239,7 +237,7 @@ class Session:
 
     def mount(self) -> None:
         _close_on_exec()
-        failed, reason = _with_stderr(lambda: _lib.fuse_session_mount(self._se, os.fsencode(self.mountpoint)))
+        failed, reason = _with_stderr(lambda: lib.fuse_session_mount(self._se, os.fsencode(self.mountpoint)))
         if failed:
             raise MountError(f"cannot mount at {self.mountpoint}: {reason or 'libfuse gave no reason'}")
         self._mounted = True
@@ -253,16 +251,16 @@ class Session:
         stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if main else ()
         previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in stops}
         pipe = signal.getsignal(signal.SIGPIPE) if main else None
-        _lib.fuse_set_signal_handlers(self._se)
+        lib.fuse_set_signal_handlers(self._se)
         try:
-            return _lib.fuse_session_loop(self._se)
+            return lib.fuse_session_loop(self._se)
         finally:
             # Ours again before libfuse lets go (it resets only its own handlers, to the default action:
             # a second SIGTERM in between, as a job's end sends, killed the daemon); libfuse also resets
             # SIGPIPE, which Python ignores, to its default (death on a write to a closed socket).
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            _lib.fuse_remove_signal_handlers(self._se)
+            lib.fuse_remove_signal_handlers(self._se)
             if pipe is not None:
                 signal.signal(signal.SIGPIPE, pipe)
             self.unmount()
@@ -273,32 +271,32 @@ class Session:
         buf = FuseBuf()
         try:
             while not self._ready:
-                got = _lib.fuse_session_receive_buf(self._se, ctypes.byref(buf))
+                got = lib.fuse_session_receive_buf(self._se, ctypes.byref(buf))
                 if got == -errno.EINTR:
                     continue
                 if got <= 0:
                     raise MountError(f"the kernel closed the mount at {self.mountpoint} before it served")
-                _lib.fuse_session_process_buf(self._se, ctypes.byref(buf))
+                lib.fuse_session_process_buf(self._se, ctypes.byref(buf))
         finally:
             _libc.free(buf.mem)
 
     def loop_here(self) -> int:
         """Serve this process's share of the requests of a mount its parent made (a forked serving process):
         no signal handling and no unmount, which are the parent's; returns when the mount ends."""
-        return _lib.fuse_session_loop(self._se)
+        return lib.fuse_session_loop(self._se)
 
     def unmount(self) -> None:
         """End the mount now (from the parent of forked serving processes: their loops then end)."""
         with self._lock:
             if self._mounted:
-                _lib.fuse_session_unmount(self._se)
+                lib.fuse_session_unmount(self._se)
                 self._mounted = False
 
     def ended(self) -> bool:
         """Whether the kernel has ended the mount's connection (unmounted, or aborted): its /dev/fuse descriptor then
         polls as an error (asked for no event, so requests coming in do not count); after this process's own
         unmount libfuse has closed it (-1)."""
-        fd = _lib.fuse_session_fd(self._se)
+        fd = lib.fuse_session_fd(self._se)
         if fd < 0:
             return True
         poller = select.poll()
@@ -318,14 +316,14 @@ class Session:
         with self._lock:
             if not self._mounted:
                 return -errno.ENOTCONN
-            return _lib.fuse_lowlevel_notify_inval_entry(self._se, parent, name, len(name))
+            return lib.fuse_lowlevel_notify_inval_entry(self._se, parent, name, len(name))
 
     def exit(self) -> None:
-        _lib.fuse_session_exit(self._se)
+        lib.fuse_session_exit(self._se)
 
     def close(self) -> None:
         if self._se:
-            _lib.fuse_session_destroy(self._se)
+            lib.fuse_session_destroy(self._se)
             self._se = None
 
 
@@ -370,23 +368,23 @@ def _close_on_exec() -> None:
 
 
 def reply_entry(req: int, param: EntryParam) -> None:
-    _lib.fuse_reply_entry(req, ctypes.byref(param))
+    lib.fuse_reply_entry(req, ctypes.byref(param))
 
 
 def reply_attr(req: int, attr: Stat, timeout: float) -> None:
-    _lib.fuse_reply_attr(req, ctypes.byref(attr), timeout)
+    lib.fuse_reply_attr(req, ctypes.byref(attr), timeout)
 
 
 def reply_readlink(req: int, target: bytes) -> None:
-    _lib.fuse_reply_readlink(req, target)
+    lib.fuse_reply_readlink(req, target)
 
 
 def reply_statfs(req: int, stats: StatVfs) -> None:
-    _lib.fuse_reply_statfs(req, ctypes.byref(stats))
+    lib.fuse_reply_statfs(req, ctypes.byref(stats))
 
 
 def add_direntry_plus(req: int, buf: ctypes.Array, used: int, name: bytes, param: EntryParam, next_offset: int) -> int:
     """Append one entry with its attributes (as a lookup's reply) at ``used`` in ``buf``; returns its size
     (larger than what is left: not added)."""
-    return _lib.fuse_add_direntry_plus(req, ctypes.addressof(buf) + used, len(buf) - used, name,
+    return lib.fuse_add_direntry_plus(req, ctypes.addressof(buf) + used, len(buf) - used, name,
                                        ctypes.byref(param), next_offset)

@@ -63,8 +63,7 @@ class ExtentPlaces:
         self._checksum = memoryview(index.blob_checksum)
         blobs = max(1, int(index.blob_offset.size))
         self._memory = mmap.mmap(-1, blobs)  # shared with the serving processes forked after this
-        self.verified = np.frombuffer(self._memory, np.uint8, blobs)  # per blob: 1 + the source it was checked in
-        self._verified = memoryview(self._memory)
+        self._verified = memoryview(self._memory)  # per blob: 1 + the source it was checked in (0: not yet)
         self._streams: OrderedDict[int, _Stream] = OrderedDict()
         self._lock = threading.Lock()
         # one per chunk number modulo VERIFY_LOCKS, shared with the serving processes forked after this: a chunk is

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from ..errors import WouldWait
+from ..util.workers import pid_alive
 
 EMPTY, LOADING, READY = 0, 1, 2
 SLOTS = 16
@@ -56,7 +57,7 @@ class SharedChunks:
                     start = slot * self.chunk_size
                     return bytes(self._data[start:start + self._length[slot]])
                 owner = int(self._owner[slot])
-                if not (here and self._state[slot] == LOADING and owner != os.getpid() and _alive(owner)
+                if not (here and self._state[slot] == LOADING and owner != os.getpid() and pid_alive(owner)
                         and time.monotonic() < deadline):
                     self._blob[slot], self._state[slot], self._owner[slot] = blob, LOADING, os.getpid()
                     return None
@@ -99,13 +100,3 @@ class ReportTimes:
             return False
         self._blob[slot], self._when[slot] = blob, now
         return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
