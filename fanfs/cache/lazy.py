@@ -32,7 +32,7 @@ from ..util.checksum import checksum
 from ..util.units import human_size
 from .capacity import CachePlan, plan_cache
 from ..peers.placement import Placement
-from .stage import StagedShare, make_local_dir
+from .stage import make_local_dir
 
 if TYPE_CHECKING:
     from ..peers.peer import PeerClient
@@ -43,13 +43,32 @@ EVERY_BYTE = 1 << 62  # a read's size that covers any file
 
 
 @dataclass
-class LazyShare(StagedShare):
+class LazyShare:
     """A lazily staged node's sources: its cache (``local``), the shared store read through (``shared``); and what
-    the node keeps (``plan``) and its cache files."""
+    the node keeps (``plan``) and its cache files.  Read as a :class:`~.stage.StagedShare` is."""
 
-    plan: CachePlan | None = None
-    cache: DiskCache | None = None
-    rank: int = 0  # the node's
+    presentation: Presentation  # the one whose blobs the cache keeps first
+    staged: np.ndarray  # every blob: any may be read here
+    local: CachedShards
+    shared: HeldShards
+    plan: CachePlan
+    cache: DiskCache
+    rank: int  # the node's
+
+    def stats(self, counters: dict[str, Any]) -> dict[str, Any]:
+        """For ``fanfs stats``: as a staged share's, and what the cache may hold and holds, its hits, what it fetched
+        and what was read through."""
+        cache, plan = self.cache, self.plan
+        return {"staged": dict(self.presentation), "shared_bytes": counters["by_source"].get(self.shared.name, 0),
+                "cache": {"capacity": plan.capacity, "window": plan.window,
+                          "keeps_bytes": plan.kept_bytes(self.rank), "share_bytes": plan.share_bytes(self.rank),
+                          "held_bytes": cache.held_bytes(), "kept_bytes": cache.held_bytes((KEPT,)),
+                          "ahead_bytes": cache.held_bytes((AHEAD, SPENT)), **counters.get("cache", {}),
+                          "read_through_bytes": counters["by_source"].get(self.shared.name, 0)}}
+
+    def counters(self) -> dict[str, Any]:
+        """The cache's hits and fills in this serving process (summed for ``fanfs stats``)."""
+        return self.local.counters()
 
 
 def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placement, rank: int,
@@ -74,7 +93,7 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
                  f" (capacity {human_size(capacity)})" if capacity is not None else "")
         _warn_if_short(local_dir, plan.kept_bytes(rank) + plan.window - held, capacity)
     local = CachedShards(cache, keep, shared, local_dir)
-    return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, rank)  # type: ignore[arg-type]
+    return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, rank)
 
 
 class FirstHolderFirst(ShardSource):
@@ -132,12 +151,3 @@ def cached_is_local(store_of: Callable[[], Store], cache: DiskCache) -> Callable
     return is_local
 
 
-def lazy_stats(share: LazyShare, counters: dict[str, Any]) -> dict[str, Any]:
-    """For ``fanfs stats``: what the cache may hold and holds, its hits, what it fetched and what was read through."""
-    assert share.cache is not None and share.plan is not None
-    cache, plan = share.cache, share.plan
-    return {"cache": {"capacity": plan.capacity, "window": plan.window,
-                      "keeps_bytes": plan.kept_bytes(share.rank), "share_bytes": plan.share_bytes(share.rank),
-                      "held_bytes": cache.held_bytes(), "kept_bytes": cache.held_bytes((KEPT,)),
-                      "ahead_bytes": cache.held_bytes((AHEAD, SPENT)), **counters.get("cache", {}),
-                      "read_through_bytes": counters["by_source"].get(share.shared.name, 0)}}

@@ -33,7 +33,6 @@ class Prefetcher(OrderFollower):
         return f"fetching the next files' blobs into its cache, within a window of {human_size(self.budget)}"
 
     def __init__(self, store: Store, share: LazyShare, remotes: list[RemoteBlobs], presentation: Presentation) -> None:
-        assert share.cache is not None and share.plan is not None
         super().__init__(store, presentation, share.plan.window)
         self.share, self.remotes, self.cache = share, remotes, share.cache
         self._keep = memoryview(share.local.held)

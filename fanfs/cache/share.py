@@ -29,11 +29,11 @@ from ..peers.placement import Placement, place
 from ..peers.world import World
 from ..util.runtime import private_dir
 from .follow import OrderFollower
-from .lazy import FirstHolderFirst, LazyShare, cached_is_local, lazy_share, lazy_stats
+from .lazy import FirstHolderFirst, LazyShare, cached_is_local, lazy_share
 from .order import order_command
 from .pagecache import PageCacheAhead
 from .prefetch import Prefetcher
-from .stage import LOCAL_DIR_REMEDY, StagedShare, held_parts, stage, staged_presentation, staged_share, staged_stats
+from .stage import LOCAL_DIR_REMEDY, StagedShare, held_parts, stage, staged_presentation, staged_share
 
 log = logging.getLogger("fanfs")
 
@@ -89,7 +89,7 @@ class NodeStore:
     """A node's store, and the parts of it a node's figures are made of."""
 
     store: Store
-    share: StagedShare
+    share: StagedShare | LazyShare
     remotes: list[RemoteBlobs]
     placement: Placement
     client: PeerClient | None
@@ -105,14 +105,14 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
     serving daemon, not by an in-process reader."""
     placement = place(index.blob_stored, nodes, replicas)
     first, count = index.first, index.count
-    share: StagedShare
+    share: StagedShare | LazyShare
     if lazy:
-        share = lazy_share(store_root, local_dir, index, placement, rank, staged, capacity, owner)
-        assert share.plan is not None and share.cache is not None
-        remotes = remote_sources(client, placement, share.plan, mine=share.local.held) if client else []
+        lazily = lazy_share(store_root, local_dir, index, placement, rank, staged, capacity, owner)
+        remotes = remote_sources(client, placement, lazily.plan, mine=lazily.local.held) if client else []
         if client:
-            share.local.shared = FirstHolderFirst(share.shared, client, placement, share.plan, index.blob_checksum)
-        is_local = cached_is_local(lambda: store, share.cache)
+            lazily.local.shared = FirstHolderFirst(lazily.shared, client, placement, lazily.plan, index.blob_checksum)
+        is_local = cached_is_local(lambda: store, lazily.cache)
+        share = lazily
     else:
         share = staged_share(store_root, local_dir, index, staged, placement.held(rank))
         remotes = remote_sources(client, placement, StagedBlobs(share.staged)) if client else []
@@ -145,15 +145,13 @@ class CacheHooks:
             "order": order_command(follow, store.index, mountpoint, self.follower.how if self.follower else "")}
 
     def stats(self, counters: dict[str, Any]) -> dict[str, Any]:
-        share, follower = self.share, self.follower
-        out = {} if share is None else {**staged_stats(share, counters["by_source"]),
-                                        **(lazy_stats(share, counters) if isinstance(share, LazyShare) else {})}
-        if follower is not None and follower.ordered:
-            out["prefetch"] = follower.stats()
+        out = self.share.stats(counters) if self.share is not None else {}
+        if self.follower is not None and self.follower.ordered:
+            out["prefetch"] = self.follower.stats()
         return out
 
     def counters(self) -> dict[str, Any]:
-        return self.share.local.counters() if isinstance(self.share, LazyShare) else {}
+        return self.share.counters() if self.share is not None else {}
 
     def present(self, presentation: Presentation) -> None:
         if self.follower is not None:

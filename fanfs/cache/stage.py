@@ -343,6 +343,14 @@ class StagedShare:
     local: HeldShards
     shared: HeldShards
 
+    def stats(self, counters: dict[str, Any]) -> dict[str, Any]:
+        """For ``fanfs stats``: what the node staged, and what it read from the shared store above it."""
+        return {"staged": dict(self.presentation), "shared_bytes": counters["by_source"].get(self.shared.name, 0)}
+
+    def counters(self) -> dict[str, Any]:
+        """What each serving process counts of the share (summed for ``fanfs stats``): nothing of its own."""
+        return {}
+
 
 def staged_share(store_root: str, local_dir: str, index: Index, presentation: Presentation,
                  held: np.ndarray) -> StagedShare:
@@ -351,11 +359,6 @@ def staged_share(store_root: str, local_dir: str, index: Index, presentation: Pr
     store_id = bytes.fromhex(index.meta["store_id"])
     return StagedShare(presentation, staged, HeldShards(local_dir, store_id, held & staged),
                        HeldShards(os.path.join(store_root, SHARD_DIR), store_id, ~staged, name="shared store"))
-
-
-def staged_stats(share: StagedShare, by_source: dict[str, int]) -> dict[str, Any]:
-    """For ``fanfs stats``: what the node staged, and what it read from the shared store above it."""
-    return {"staged": dict(share.presentation), "shared_bytes": by_source.get(share.shared.name, 0)}
 
 
 def _forget_staged(local_dir: str) -> None:
