@@ -50,7 +50,8 @@ def extents(tmp_path_factory):
         f.seek(MIB + 5)
         f.write(rng.bytes(300))
     (src / "small.bin").write_bytes(rng.bytes(5000))
-    out = fanfs("pack", src, base / "store").stdout
+    # a demand any decoder meets: text.csv stays compressed whatever this machine's speed (the default: below)
+    out = fanfs("pack", src, base / "store", "--large-rate", "1MB/s").stdout
     return src, base / "store", out
 
 
@@ -74,6 +75,34 @@ def test_pack_lays_out_what_does_not_compress_as_page_aligned_extents(extents):
     s.close()
     assert fanfs("verify", store, "--against", src).stdout.startswith("ok:")
     assert "extent     2 extents" in fanfs("info", store).stdout
+
+
+def test_a_large_file_that_compresses_is_an_extent_unless_it_decodes_fast_enough(tmp_path):
+    """Issue 41: float32 values (an HDF5 volume's) compress 7-13% under zstd:3, so each was kept as compressed chunks
+    read through the daemon.  Now the constraint of 'fanfs select' decides: kept compressed only if decoding adds at
+    most 5% to reading at --large-rate with the mount's serving processes; --extents always / never force either."""
+    src = tmp_path / "src"
+    src.mkdir()
+    values = np.random.default_rng(41).standard_normal(3 * MIB // 4).astype(np.float32)
+    (src / "x.h5").write_bytes(values.tobytes())
+
+    def packed_as(*options: str) -> tuple[int, str]:
+        store = tmp_path / f"store{len(list(tmp_path.iterdir()))}"
+        out = fanfs("pack", src, store, *options).stdout
+        s = Store(str(store))
+        try:
+            return int(s.index.record[s.lookup(b"x.h5")]), out
+        finally:
+            s.close()
+
+    kind, out = packed_as()  # 1 GB/s by default: zstd:3 would have to decode at ~20 GB/s (1.6 GB/s here)
+    assert kind == Extents.kind_id, out
+    kind, out = packed_as("--large-rate", "1MB/s")  # any decoder keeps up with that
+    assert kind == 0 and "x.h5: zstd:3 saves" in out and "fast enough for" in out, out
+    assert packed_as("--large-rate", "1MB/s", "--extents", "always")[0] == Extents.kind_id
+    assert packed_as("--extents", "never")[0] == 0
+    done = fanfs("pack", src, tmp_path / "bad", "--large-rate", "fast", check=False)
+    assert done.returncode == 2 and "--large-rate: not a rate: 'fast'" in done.stderr
 
 
 def test_no_extents_keeps_every_file_chunked(extents, tmp_path):

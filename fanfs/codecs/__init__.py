@@ -10,10 +10,11 @@ import below.
 """
 
 from . import lz4, planes, raw, zstd  # noqa: F401  (each registers its codec)
-from .base import MIN_SAVING, Codec, CodecError, codec_from_config, pays, parse_codec, register
+from .base import (MIN_SAVING, Codec, CodecError, codec_from_config, decode_speed, pays, parse_codec, register,
+                   required_decode)
 from .lz4 import Lz4
 from .planes import BytePlanes
 from .raw import Raw
 from .zstd import Zstd
 
-__all__ = ["MIN_SAVING", "pays", "Codec", "CodecError", "codec_from_config", "parse_codec", "register", "Raw", "Zstd", "Lz4", "BytePlanes"]
+__all__ = ["MIN_SAVING", "pays", "decode_speed", "required_decode", "Codec", "CodecError", "codec_from_config", "parse_codec", "register", "Raw", "Zstd", "Lz4", "BytePlanes"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -18,6 +19,29 @@ def pays(codec: "Codec", data: bytes) -> bytes | None:
     """``codec``'s encoding of ``data`` if it saves at least 1/:data:`MIN_SAVING` of it, else None."""
     packed = codec.encode(data)
     return packed if len(packed) <= len(data) - len(data) // MIN_SAVING else None
+
+
+def required_decode(rate: float | None, threads: int, mode: str = "sync", overhead: float = 0.05,
+                    headroom: float = 0.20) -> float:
+    """The per-thread decode speed (bytes/s) a codec needs so that reading at ``rate`` bytes/s keeps up (FanStore's
+    constraint; 0 without a rate).  ``sync``: decoding adds to every read, and may add at most ``overhead`` of its
+    time (``threads`` decoding at once); ``async``: decoding overlaps the reads and must outrun them by
+    ``headroom``."""
+    if not rate:
+        return 0.0
+    if mode == "sync":
+        return rate / (threads * overhead)
+    return rate * (1 + headroom) / threads
+
+
+def decode_speed(codec: "Codec", packed: bytes, size: int, seconds: float = 0.002) -> float:
+    """Bytes/s ``codec`` decodes ``packed`` (``size`` bytes decoded) at in this thread, timed over ``seconds`` at
+    least."""
+    runs, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds or not runs:
+        codec.decode(packed, size)
+        runs += 1
+    return size * runs / max(elapsed, 1e-9)
 
 
 class CodecError(UsageError):

@@ -244,7 +244,7 @@ def _adopted(job: ShardJob, source: SourceFile, packed: Packed, codec: int, name
     out to be read in place); why a kind did not is reported as that kind's fallback."""
     for kind in job.kinds:
         try:
-            why = kind.adopts(source, job.codecs[codec], codec == job.raw_codec)
+            why = kind.adopts(source, job.codecs[codec], codec == job.raw_codec, job.plan is not None)
         except OSError as err:
             raise PackError(f"cannot read {name}: {err.strerror or err}") from None
         if why is None:

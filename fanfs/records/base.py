@@ -240,9 +240,10 @@ class RecordKind:
         """Cut the file into layers, or give the reason it cannot be stored this way."""
         raise NotImplementedError
 
-    def adopts(self, source: SourceFile, codec: Any, raw: bool) -> str | None:
+    def adopts(self, source: SourceFile, codec: Any, raw: bool, planned: bool) -> str | None:
         """For a file no kind claimed by its head, to be stored as a plain file with ``codec`` (``raw``: one that stores
-        bytes as they are): None if this kind stores it instead (:meth:`adopt`), else why not ("": nothing to say)."""
+        bytes as they are; ``planned``: chosen by a selection plan, which weighed its decode speed already): None if this
+        kind stores it instead (:meth:`adopt`), else why not ("": nothing to say)."""
         return ""
 
     def adopt(self, packed: Packed) -> Packed:

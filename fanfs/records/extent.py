@@ -5,9 +5,10 @@ Byte X of the file is byte ``base + X`` of the shard (``base``: its first blob's
 splices them: :mod:`fanfs.serve.splice`) instead of being copied through the daemon.  Its blobs are still
 1 MiB chunks, each with its checksum: the unit in which a reader verifies bytes before it first serves them.
 
-Pack stores a file this way where compressing it does not pay (:meth:`Extents.adopts`: the
-plan's codec is raw, or the codec saves less than 1/16 of a sample of it); a file with holes, or smaller
-than :data:`EXTENT_MIN`, stays a plain (chunked) file.  The index validator refuses an extent that is not
+Pack stores a file this way where compressing it does not pay (:meth:`Extents.adopts`: the plan's codec is raw, the
+codec saves less than 1/16 of a sample of it, or decoding it would slow the reads the training needs: FanStore's
+constraint, the codec must decode fast enough to add at most 5% to reading at ``--large-rate`` with the mount's
+serving processes); a file with holes, or smaller than :data:`EXTENT_MIN`, stays a plain (chunked) file.  The index validator refuses an extent that is not
 back to back, not aligned, or overlaps any other blob of its shard (:func:`overlaps`).
 """
 
@@ -18,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs import Codec, pays
+from ..codecs import Codec, decode_speed, pays, required_decode
+from ..util.server import default_workers
 from ..util.source_file import SourceFile
+from ..util.units import human_rate, parse_rate
 from .base import AddOption, Columns, Packed, RecordKind, expand, register
 from .plain import CHUNK_SIZE, PlainFiles
 
@@ -28,6 +31,8 @@ ALIGN = 4096
 EXTENT_MIN = 256 << 10
 """Smaller files stay plain: one read covers them whole, and a reply that small is copied by libfuse anyway."""
 FORMAT = 5
+LARGE_RATE = 1e9
+"""The bytes/s a training reads large files at, by default (``pack --large-rate``): a node's SSD to one reader."""
 
 
 @register
@@ -41,28 +46,53 @@ class Extents(PlainFiles):
     fallback = "large files kept chunked"
     in_place = True
 
+    def __init__(self, mode: str = "auto", rate: float = LARGE_RATE, threads: int = 1) -> None:
+        """``mode``: "auto" (by the constraint below), "always" (every large file without holes); ``rate``: the bytes/s
+        the training reads large files at; ``threads``: the mount's serving processes, decoding at once."""
+        self.mode, self.rate = mode, rate
+        self.required = required_decode(rate, threads)  # a chunk's codec must decode this fast to stay compressed
+
     @classmethod
     def pack_options(cls, add: AddOption) -> None:
-        add("--no-extents", action="store_true",
-            help="keep every file chunked, even large ones that do not compress (no spliced reads)")
+        add("--extents", choices=("auto", "always", "never"), default="auto",
+            help="large files (256 KiB and more, no holes) stored raw as extents, spliced by the kernel: 'auto' (the "
+                 "default) where compressing them does not pay or decoding would slow their reads (see "
+                 "--large-rate), 'always', or 'never' (every file chunked and compressed)")
+        add("--no-extents", dest="extents", action="store_const", const="never", help="the same as --extents never")
+        add("--large-rate", type=parse_rate, default=LARGE_RATE, metavar="RATE",
+            help=f"the rate the training reads large files at (default {LARGE_RATE / 1e9:g}GB/s): with --extents auto "
+                 "a large file stays compressed only if its codec decodes it fast enough to add at most 5%% to reading "
+                 "it at that rate with the mount's serving processes (FanStore's constraint, as 'fanfs select --mode "
+                 "sync'); else it is stored raw as an extent")
 
     @classmethod
     def for_pack(cls, options: Mapping[str, Any], plan_record: Mapping[str, Any] | None) -> RecordKind | None:
-        return None if options.get("no_extents") else cls()
+        mode = options.get("extents") or "auto"
+        return None if mode == "never" else cls(mode, options.get("large_rate") or LARGE_RATE, default_workers())
 
-    def adopts(self, source: SourceFile, codec: Codec, raw: bool) -> str | None:
+    def adopts(self, source: SourceFile, codec: Codec, raw: bool, planned: bool) -> str | None:
         """None if the file is to be stored as an extent; else why it stays chunked ("" for a file too small to
-        say why).  ``codec``: the file's codec by the plan (``raw``: it stores bytes as they are)."""
+        say why).  ``codec``: the file's codec (``raw``: it stores bytes as they are; ``planned``: a selection plan
+        chose it, weighing its decode speed against the training's demand already: it is kept if it saves)."""
         size = source.size
         if size < EXTENT_MIN:
             return ""
         if any(source.data_from(pos) >= min(size, pos + CHUNK_SIZE) for pos in range(0, size, CHUNK_SIZE)):
             return "it has holes, stored as nothing"
-        if raw:
+        if raw or self.mode == "always":
             return None
         sample = b"".join(source.pread(CHUNK_SIZE, pos) for pos in sorted({0, size // 2 // CHUNK_SIZE * CHUNK_SIZE}))
         packed = pays(codec, sample)
-        return None if packed is None else f"{codec.spec} saves {1 - len(packed) / len(sample):.0%} of a sample"
+        if packed is None:
+            return None  # saves too little to decode at every read
+        saves = 1 - len(packed) / len(sample)
+        if planned:
+            return f"the plan's {codec.spec} saves {saves:.0%} of a sample"
+        speed = decode_speed(codec, packed, len(sample))
+        if speed < self.required:
+            return None  # decoding would slow the reads the training needs more than the bytes it saves are worth
+        return (f"{codec.spec} saves {saves:.0%} of a sample and decodes it at "
+                f"{human_rate(speed)}, fast enough for {human_rate(self.rate)} (--large-rate)")
 
     def adopt(self, packed: Packed) -> Packed:
         """A plain file's chunks (no holes) as an extent's: stored as they are, from a page boundary."""

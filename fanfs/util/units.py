@@ -28,3 +28,16 @@ def human_size(n: float) -> str:
 
 def human_rate(bytes_per_second: float) -> str:
     return human_size(bytes_per_second) + "/s"
+
+
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?(?:/s)?\s*$", re.IGNORECASE)
+
+
+def parse_rate(text: str) -> float:
+    """``800MB/s`` -> 8e8 bytes/s.  Decimal units (K, M, G, T = 10^3..10^12); ``MiB/s`` etc. are binary."""
+    match = _RATE_RE.match(str(text))
+    if not match:
+        raise ValueError(f"not a rate: {text!r} (use e.g. 800MB/s, 1.5GB/s, 200MiB/s)")
+    number, prefix, binary = float(match.group(1)), match.group(2).upper(), bool(match.group(3))
+    power = " KMGT".index(prefix) if prefix else 0
+    return number * ((1024 if binary else 1000) ** power)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from ...codecs import required_decode
 from ...errors import UsageError
+from ...util import units
 
 
 class SelectError(UsageError):
@@ -56,12 +57,7 @@ class Demand:
 
     def required_decode(self, rate: float | None, threads: int | None = None) -> float:
         """Per-thread decode speed (bytes/s) a codec needs at byte rate ``rate``; 0 without a rate."""
-        if not rate:
-            return 0.0
-        t = threads or self.threads
-        if self.mode == "sync":
-            return rate / (t * self.overhead)
-        return rate * (1 + self.headroom) / t
+        return required_decode(rate, threads or self.threads, self.mode, self.overhead, self.headroom)
 
     def rate_for(self, decode: float, threads: int | None = None) -> float:
         """The highest byte rate a per-thread decode speed ``decode`` keeps up with (inverse of the above)."""
@@ -77,13 +73,11 @@ class Demand:
 
 
 def parse_rate(text: str) -> float:
-    """``800MB/s`` -> 8e8 bytes/s.  Decimal units (K, M, G, T = 10^3..10^12); ``MiB/s`` etc. are binary."""
-    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?(?:/s)?\s*$", str(text), re.IGNORECASE)
-    if not match:
-        raise SelectError(f"not a rate: {text!r} (use e.g. 800MB/s, 1.5GB/s, 200MiB/s)")
-    number, prefix, binary = float(match.group(1)), match.group(2).upper(), bool(match.group(3))
-    power = " KMGT".index(prefix) if prefix else 0
-    return number * ((1024 if binary else 1000) ** power)
+    """``800MB/s`` -> 8e8 bytes/s (:func:`fanfs.util.units.parse_rate`), one line if it is not a rate."""
+    try:
+        return units.parse_rate(text)
+    except ValueError as err:
+        raise SelectError(str(err)) from None
 
 
 def parse_fraction(text: str) -> float:
