@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,21 @@ def test_the_install_lines_name_what_an_index_has():
     texts = {path: path.read_text() for path in [REPO / "README.rst", *(REPO / "docs").glob("*.rst"),
                                                  *(REPO / "fanfs").rglob("*.py")]}
     assert not [path for path, text in texts.items() if re.search(r"pip install '?fanfs\[", text)]
+
+
+def test_setup_help_prints_its_usage_and_installs_nothing(tmp_path):
+    """Issue 41: 'tools/setup --help' printed nothing and ran the install.  Now: its usage, exit 0; an unknown option
+    is one line, exit 2; neither calls apt-get, dpkg-query or python3 (stand-ins here, which note a call and fail)."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("apt-get", "sudo", "dpkg-query", "python3"):
+        (stubs / name).write_text(f"#!/bin/sh\necho {name} >> {tmp_path / 'called'}\nexit 1\n")
+        (stubs / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}:/usr/bin:/bin"}
+    shown = subprocess.run([REPO / "tools" / "setup", "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: tools/setup [--test | --bench | --help]"), shown
+    assert "--test" in shown.stdout and "--bench" in shown.stdout and not shown.stderr
+    wrong = subprocess.run([REPO / "tools" / "setup", "--tset"], capture_output=True, text=True, env=env, timeout=60)
+    assert wrong.returncode == 2 and not wrong.stdout, wrong
+    assert wrong.stderr.splitlines() == ["tools/setup: error: unknown option '--tset': use --test, --bench or --help"]
+    assert not (tmp_path / "called").exists()
