@@ -255,6 +255,33 @@ def test_an_argument_naming_a_path_is_that_path(tmp_path):
     assert Store(str(store)).read_file("f") == b"f"
 
 
+def test_a_single_file_packs_as_a_tree_of_that_file(dataset, tmp_path):
+    """Issue 41: a labels file as a source was refused ('neither a directory nor an archive').  A regular file that is
+    no archive is a tree of that one file: at the root as its name, or under PREFIX (through a symlink too, named as
+    given); verify --against takes it the same way.  One named as an archive is no file to pack but a damaged archive."""
+    labels = tmp_path / "val_labels.txt"
+    labels.write_bytes(b"n01440764\nn01443537\n")
+    os.utime(labels, ns=(MTIME * 10**9, MTIME * 10**9))
+    (tmp_path / "labels-link.txt").symlink_to(labels.name)
+    fanfs("pack", labels, tmp_path / "alone", "--quiet")
+    alone = Store(str(tmp_path / "alone"))
+    assert [name for name, *_ in alone.listdir(0)] == [b"val_labels.txt"]
+    assert alone.read_file("val_labels.txt") == labels.read_bytes()
+    assert alone.meta["sources"] == [{"path": str(labels), "kind": "file"}]
+    _check_against(tmp_path / "alone", labels)
+    srcs = [f"train={dataset / 'train'}", f"labels={tmp_path / 'labels-link.txt'}"]
+    fanfs("pack", *srcs, tmp_path / "both", "--quiet")
+    both = Store(str(tmp_path / "both"))
+    assert [name for name, *_ in both.listdir(0)] == [b"labels", b"train"]
+    assert both.read_file("labels/labels-link.txt") == labels.read_bytes()
+    assert both.index.mtime[both.lookup(b"labels/labels-link.txt")] == MTIME * 10**9
+    _check_against(tmp_path / "both", *srcs)
+    assert "(file) under labels/" in fanfs("info", tmp_path / "both").stdout
+    (tmp_path / "cut.tar.gz").write_bytes(b"half a download")  # named as an archive: refused, never packed as a file
+    done = fanfs("pack", tmp_path / "cut.tar.gz", tmp_path / "cut", check=False)
+    assert done.returncode == 1 and "its name says archive" in done.stderr and not (tmp_path / "cut").exists()
+
+
 @pytest.mark.parametrize("arg", ["../x={src}", "/abs={src}", "={src}", "a//b={src}", "a/./b={src}", "train=",
                                  "a/../../b={src}"])
 def test_a_hostile_prefix_is_refused_in_one_line(tmp_path, arg):

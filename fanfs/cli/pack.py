@@ -111,7 +111,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p = command("pack", cmd_pack, "pack directory trees and archives into a new store (compressed shards + index)")
     p.add_argument("src", nargs="+", metavar="SRC",
                    help="what to pack: a directory, an archive (tar, tar.gz/.bz2/.xz/.zst, zip: told by its bytes, "
-                        "read once, never extracted to disk) or - (a tar stream on standard input); several merge "
+                        "read once, never extracted to disk), - (a tar stream on standard input) or any other file "
+                        "(a labels file: that one file at the root, or PREFIX/FILE as PREFIX=FILE); several merge "
                         "into one tree (a name in two of them is an error); PREFIX=SRC puts SRC under the folder "
                         "PREFIX (train=ILSVRC2012_img_train.tar val=ILSVRC2012_img_val.tar); an argument naming an "
                         "existing path is that path")
