@@ -245,6 +245,28 @@ def test_train_and_val_in_one_store_under_their_folders(dataset, tmp_path):
     _check_against(store, *srcs)
 
 
+def test_verify_against_sources_without_their_folders_says_so_once(tmp_path):
+    """Issue 41: a store packed as train=A val=B, verified --against A B, gave a line per file (or stopped at the first,
+    'no such file in the store').  Now one line says the store has PREFIX folders and how pack had them, exit 1; a file
+    truly missing from the store is one difference among the others, not the end of the comparison."""
+    for split in ("train", "val"):
+        for i in range(3):
+            (tmp_path / split / f"d{i}").mkdir(parents=True)
+            (tmp_path / split / f"d{i}" / f"{split}{i}.txt").write_text(f"{split} {i}\n")
+    store = tmp_path / "store"
+    fanfs("pack", f"train={tmp_path / 'train'}", f"val={tmp_path / 'val'}", store, "--quiet")
+    for against in ([tmp_path / "train"], [tmp_path / "train", tmp_path / "val"]):
+        done = fanfs("verify", store, "--against", *against, "--quiet", check=False)
+        assert done.returncode == 1 and done.stderr.splitlines() == [
+            "fanfs: error: the store puts its sources under PREFIX folders (train/, val/) and the sources given do not: "
+            f"give --against PREFIX=SRC as pack had them (--against train={tmp_path / 'train'} val={tmp_path / 'val'})"]
+    (tmp_path / "train" / "d1" / "new.txt").write_text("new\n")
+    done = fanfs("verify", store, "--against", f"train={tmp_path / 'train'}", f"val={tmp_path / 'val'}", "--quiet",
+                 check=False)
+    assert done.returncode == 1 and "fanfs: train/d1/new.txt: in the source, missing from the store" in done.stderr
+    assert done.stdout.startswith("FAILED: ") and "error" not in done.stderr, done.stderr
+
+
 def test_an_argument_naming_a_path_is_that_path(tmp_path):
     """A directory literally named ``a=b`` packs as itself, not as ``b`` under ``a/``."""
     src = tmp_path / "a=b"
