@@ -10,14 +10,14 @@ from collections.abc import Callable
 from ..util.server import default_workers
 from ..util.units import human_rate, human_size
 from ..records import kinds
-from .args import nonnegative_float, positive, positive_size, print_json, seconds, size
+from ..codecs import codec_forms
+from .args import codec, nonnegative_float, positive, positive_size, print_json, seconds, size
 from .presentation import adder
 
 Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from ..codecs import parse_codec
     from ..pack.pack import PackOptions, pack
     from ..records import pack_kinds
     from ..peers.world import launched_ranks, local_ranks
@@ -27,7 +27,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     narrow_umask(shared_read_bits(src for src in args.src if src != "-"))  # the store: no more open than its sources
     ranks = launched_ranks()[1]
     jobs = args.jobs or max(1, len(os.sched_getaffinity(0)) // (local_ranks() if ranks > 1 else 1))
-    options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=jobs,
+    options = PackOptions(codec=args.codec, shard_size=args.shard_size, jobs=jobs,
                           force=args.force, progress=not args.quiet, expand_archives=args.expand_archives,
                           max_expansion=args.max_expansion)
     if args.plan:
@@ -118,7 +118,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "existing path is that path")
     p.add_argument("store", metavar="STORE",
                    help="store directory to create (must not exist, or be empty; --force replaces a store)")
-    p.add_argument("--codec", default="zstd:3", help="zstd:LEVEL (1-22), lz4, lz4:LEVEL (1-12) or raw (default zstd:3)")
+    p.add_argument("--codec", type=codec, default="zstd:3", help=f"{codec_forms()} (default zstd:3)")
     p.add_argument("--shard-size", type=positive_size, default="256M",
                    help="source bytes per shard at most (default 256M; a small tree is cut finer so that every "
                         "worker has shards to pack)")
