@@ -71,8 +71,8 @@ def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
     """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon
     will open (``opened``: what it is -> path): through its own mount, the daemon would wait on itself."""
     if mounted(mountpoint):
-        dead = "" if os.path.ismount(mountpoint) else " whose daemon has ended (it answers 'Transport endpoint is " \
-            "not connected')"
+        alive = os.path.ismount(mountpoint) and not control.daemon_ended(mountpoint)  # a dead root may stat from cache
+        dead = "" if alive else " whose daemon has ended (it answers 'Transport endpoint is not connected')"
         raise StoreError(f"{mountpoint} is already a mount point{dead}: 'fanfs umount {mountpoint}' first")
     if not os.path.lexists(mountpoint):
         raise StoreError(f"mount point {mountpoint} does not exist: create it first (mkdir -p {mountpoint})")
@@ -381,6 +381,8 @@ def wait_ready(mountpoint: str, timeout: float) -> dict:
         try:
             if os.path.ismount(mountpoint):
                 return control.request(mountpoint, {"cmd": "status"}, timeout=5)
+        except control.DaemonEnded:
+            raise
         except control.ControlError:
             pass
         if time.monotonic() > deadline:
