@@ -102,6 +102,26 @@ def test_a_stage_that_fills_the_disk_says_so_once(store, tmp_path, ranks):
         subprocess.run(["umount", str(small)], check=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_disk_too_small_to_stage_on_suggests_a_lazy_cache_with_a_capacity(tmp_path):
+    """Issue 41: staging onto too small a disk suggested more nodes, fewer replicas or a bigger disk, not the cache that
+    keeps what fits: --stage lazy --capacity SIZE."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "noise").write_bytes(os.urandom(3 << 20))
+    fanfs("pack", tmp_path / "src", tmp_path / "store", "--quiet")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        done = fanfs("stage", tmp_path / "store", small / "local", "--quiet", check=False)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "use more nodes, fewer replicas or a bigger disk, or mount with --stage lazy --capacity SIZE: a cache that " \
+           "keeps what fits the disk and reads the rest through (FANFS_STAGE=lazy FANFS_CAPACITY=SIZE in a job)" \
+           in done.stderr, done.stderr
+
+
 def test_an_empty_tree_packs_without_a_meaningless_ratio(tmp_path):
     (tmp_path / "empty").mkdir()
     done = fanfs("pack", tmp_path / "empty", tmp_path / "store")
