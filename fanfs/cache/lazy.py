@@ -52,6 +52,7 @@ class LazyShare(StagedShare):
     cache: DiskCache | None = None
     touched: np.ndarray | None = None  # per blob, the tick of its last read by this node
     rank: int = 0  # the node's
+    kept_at_start: int = 0  # blobs the cache kept when the daemon started (a cache resumed), for ``fanfs stats``
 
 
 def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placement, rank: int,
@@ -68,8 +69,10 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
         make_local_dir(local_dir)
     cache = DiskCache(local_dir, index, store_id, owner=owner)
     touched = None
+    kept_at_start = 0
     if owner:
         dropped = cache.recover(keep)
+        kept_at_start = int((cache.states == KEPT).sum())
         held = cache.held_bytes()
         log.info("cache in %s: %s on disk from before%s; keeps up to %s of its %s share%s", local_dir,
                  human_size(held), f" ({dropped:,} blobs dropped: cut short, fetched ahead, or now over the budget)"
@@ -79,7 +82,7 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
         touched = np.frombuffer(mmap.mmap(-1, max(4, 4 * blobs)), np.uint32, blobs)  # shared with the serving processes
     local = CachedShards(cache, keep, shared, local_dir, memoryview(touched) if touched is not None else None)
     return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, touched,  # type: ignore[arg-type]
-                     rank)
+                     rank, kept_at_start)
 
 
 class FirstHolderFirst(ShardSource):
@@ -138,13 +141,17 @@ def cached_is_local(store_of: Callable[[], Store], cache: DiskCache) -> Callable
 
 
 def lazy_stats(share: LazyShare, counters: dict[str, Any], prefetcher: Any = None) -> dict[str, Any]:
-    """For ``fanfs stats``: what the cache may hold and holds, its hits, what it fetched and what was read through;
-    what ``prefetcher`` (:class:`.prefetch.Prefetcher`) fetched ahead, once it was given an order."""
+    """For ``fanfs stats``: what the cache may hold and holds (the blobs it keeps now: those it kept at the start, plus
+    those fetched and kept since, less bad copies dropped), its hits, what it fetched and what was read through; what
+    ``prefetcher`` (:class:`.prefetch.Prefetcher`) fetched ahead, once it was given an order."""
     assert share.cache is not None and share.plan is not None
     cache, plan = share.cache, share.plan
+    kept = cache.states == KEPT
     return {"cache": {"capacity": plan.capacity, "window": plan.window,
                       "keeps_bytes": plan.kept_bytes(share.rank), "share_bytes": plan.share_bytes(share.rank),
                       "held_bytes": cache.held_bytes(), "kept_bytes": cache.held_bytes((KEPT,)),
+                      "kept_blobs": int(kept.sum()), "kept_stored_bytes": int(cache.stored[kept].sum()),
+                      "kept_at_start": share.kept_at_start,
                       "ahead_bytes": cache.held_bytes((AHEAD, SPENT)), **counters.get("cache", {}),
                       "read_through_bytes": counters["by_source"].get(share.shared.name, 0)},
             **({"prefetch": prefetcher.stats()} if prefetcher is not None and prefetcher.ordered else {})}

@@ -24,7 +24,6 @@ import logging
 import mmap
 import os
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ import numpy as np
 from ..errors import FanfsError, NotHeld
 from ..util.checksum import checksum
 from ..store.sources import ShardSource, reopen
+from .keyedlocks import KeyedLocks
 
 log = logging.getLogger("fanfs")
 
@@ -69,34 +69,6 @@ def footprints(stored: np.ndarray) -> np.ndarray:
 def state_file_bytes(blobs: int) -> int:
     """What the state file occupies on disk (counted in a node's budget)."""
     return -(-(HEADER_SIZE + blobs) // BLOCK) * BLOCK
-
-
-class KeyedLocks:
-    """A lock per key (a blob), made while some thread wants it: threads of one process, which share its file locks."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._held: dict[int, list[Any]] = {}
-
-    @contextmanager
-    def hold(self, key: int) -> Iterator[None]:
-        with self._guard:
-            entry = self._held.get(key)
-            if entry is None:
-                entry = self._held[key] = [threading.Lock(), 0]
-            entry[1] += 1
-        entry[0].acquire()
-        try:
-            yield
-        finally:
-            entry[0].release()
-            with self._guard:
-                entry[1] -= 1
-                if not entry[1]:
-                    del self._held[key]
-
-    def after_fork(self) -> None:
-        self.__init__()  # type: ignore[misc]  (what another thread held at the fork is no one's here)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -326,7 +298,7 @@ class CachedShards(ShardSource):
         self.shared = shared
         self.name = name
         self.touched = touched
-        self.hits = self.hit_bytes = self.fills = self.fill_bytes = self.unkept = 0
+        self.hits = self.hit_bytes = self.fills = self.fill_bytes = self.unkept = self.unkept_bytes = self.dropped = 0
         self._warned = -REPORT_EVERY
 
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
@@ -347,7 +319,7 @@ class CachedShards(ShardSource):
             self.hits += 1
             self.hit_bytes += len(data)
         if why:
-            self.unkept += 1
+            self.unkept, self.unkept_bytes = self.unkept + 1, self.unkept_bytes + len(data)
             now = time.monotonic()
             if now - self._warned >= REPORT_EVERY:
                 self._warned = now
@@ -381,12 +353,15 @@ class CachedShards(ShardSource):
 
     def rejected(self, blob: int) -> None:
         """The copy this gave failed the Store's check: drop it, so that the next read fetches it again."""
-        self.cache.drop(blob, wait=True)
+        kept = self.cache.state(blob) == KEPT
+        if self.cache.drop(blob, wait=True) and kept:
+            self.dropped += 1
 
     def counters(self) -> dict[str, dict[str, int]]:
         """This process's figures, which add up over a node's processes (``fanfs stats``)."""
         return {"cache": {"hit_blobs": self.hits, "hit_bytes": self.hit_bytes, "fills": self.fills,
-                          "fill_bytes": self.fill_bytes, "unkept": self.unkept,
+                          "fill_bytes": self.fill_bytes, "unkept": self.unkept, "unkept_bytes": self.unkept_bytes,
+                          "dropped": self.dropped,
                           **getattr(self.shared, "fill_counts", {})}}  # where the fills came from, if it says
 
     def after_fork(self) -> None:
