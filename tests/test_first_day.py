@@ -92,6 +92,7 @@ def test_info_says_what_its_columns_are_on_a_tiered_store(tiered):
     text = fanfs("info", tiered).stdout
     assert "codec   files  full size     stored   ratio" in text
     assert "stored: their bytes in the shards, resolution tiers included" in text
+    assert "; raw: stored as they are (compression would not pay; JPEG scans are compressed already)" in text
     assert re.search(r"resolution tiers 1/2: 12 records, \S+ \S+ stored \(\+\d+% over their scans\)", text), text
 
 
@@ -138,3 +139,19 @@ def test_setup_help_prints_its_usage_and_installs_nothing(tmp_path):
     assert wrong.returncode == 2 and not wrong.stdout, wrong
     assert wrong.stderr.splitlines() == ["tools/setup: error: unknown option '--tset': use --test, --bench or --help"]
     assert not (tmp_path / "called").exists()
+
+
+def test_a_store_without_jpegs_gets_no_line_about_them(tmp_path, mount):
+    """Issue 41: a store of plain files showed 'raw: ... (JPEG scans are compressed already)' in info and 'per layer
+    1: ...' in stats.  Such lines only where they apply."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "noise.bin").write_bytes(os.urandom(300_000))  # stored raw (an extent)
+    (tmp_path / "src" / "text.txt").write_text("words " * 20_000)
+    fanfs("pack", tmp_path / "src", tmp_path / "store", "--quiet")
+    info = fanfs("info", tmp_path / "store").stdout
+    assert "raw: stored as they are (compression would not pay)" in info and "JPEG" not in info, info
+    with mount(tmp_path / "store") as mnt:
+        assert (mnt / "noise.bin").read_bytes() and (mnt / "text.txt").read_bytes()
+        text = fanfs("stats", mnt).stdout
+        data = json.loads(fanfs("stats", mnt, "--json").stdout)
+    assert data["stored_by_layer"] and not data["layered"] and "per layer" not in text, text

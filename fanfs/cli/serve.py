@@ -206,7 +206,7 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
                  "blobs read in parts; a file read whole is cached by the kernel, whose hits never reach fanfs)")
     lines.append(f"decode     {stats['decode_seconds']:.3f} s decompressing blobs")
     lines += [f"note       {note}" for note in stats.get("notes", [])]
-    if stats["stored_by_layer"]:
+    if stats["stored_by_layer"] and stats["layered"]:  # a store of plain files has one layer: nothing to tell
         lines.append("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"], 1)))
     if stats.get("stored_by_side_layer"):
         names = stats.get("side_names", [])

@@ -201,6 +201,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
 
     configure_server()
     started = time.monotonic()
+    layered = bool(store.index.layers.size) and int(store.index.layers.max()) > 1  # stats then show bytes per layer
     hooks = hooks or Hooks()
     processes = None  # the serving processes, once forked (fanfs.serve.workers)
 
@@ -228,6 +229,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
         return {"store": store.root, **fs.presentation, "workers": options.workers, "readahead": fs.readahead(),
                 "reads_by_process": [part["reads"] for part in parts], **summed,
                 "notes": presentation_notes(store.index, fs.presentation), "side_names": side_names(store.index),
+                "layered": layered,
                 "seconds": round(time.monotonic() - started, 3),
                 **(hooks.extra_stats(summed) if hooks.extra_stats else {})}
 
