@@ -145,8 +145,13 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         raise UsageError("--source compares decode speeds: it needs --timed above 0")
     if args.source and not os.path.isdir(args.source):
         raise UsageError(f"--source {args.source} is not a directory: give the tree the store was packed from")
+    def starting(records: int) -> None:
+        timed = f", then their decode timed on {min(args.timed, records):,}" if args.timed else ""
+        print(f"fanfs fidelity: measuring {records:,} sampled JPEG records{timed} (the progress line gives an ETA; "
+              "--sample N measures fewer, sooner, and --timed 0 times none)", file=sys.stderr, flush=True)
+
     curve = analyse(store, args.sample, args.seed, progress=not args.json, timed=args.timed, source=args.source,
-                    max_pixels=args.max_pixels)
+                    max_pixels=args.max_pixels, starting=starting)
     saved = save_curve(store, curve) if args.save else None
     if args.plot:
         plot_curve(curve, args.min_ssim, args.plot)
