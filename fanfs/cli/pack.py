@@ -21,6 +21,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     from ..pack.pack import PackOptions, pack
     from ..records import pack_kinds
     from ..peers.world import launched_ranks, local_ranks
+    from ..util.mounts import fanfs_mounts_of
     from ..util.server import keep_large_buffers
     from ..util.privacy import narrow_umask, shared_read_bits
     keep_large_buffers()  # shards of members' bytes, and their copies, reuse heap pages (workers inherit it)
@@ -37,6 +38,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     def warn(text: str) -> None:
         print(f"fanfs: warning: {text}", file=sys.stderr)
 
+    serving = fanfs_mounts_of(args.store) if args.force else []  # the store they serve is replaced: said once packed
     if ranks > 1:  # under mpiexec or srun: every rank packs shards, rank 0 reads the sources and reports
         from ..cluster.pack import pack_on_ranks
         report = pack_on_ranks(args.src, args.store, options, warn)
@@ -44,6 +46,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
             return 0
     else:
         report = pack(args.src, args.store, options, on_warning=warn)
+    for mountpoint in serving:
+        warn(f"{mountpoint} still serves the store this pack replaced until it is remounted: 'fanfs umount {mountpoint}', "
+             "then mount it again")
     for kind in options.kinds:
         for note in kind.pack_notes():
             print(f"fanfs: note: {note}", file=sys.stderr)

@@ -34,9 +34,27 @@ def _device_at(target: bytes) -> str | None:
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             fields = line.split(b" ")
-            if _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8)]), fields[4]) == target:
+            if _unescape(fields[4]) == target:
                 device = fields[2].decode()  # the last line for a path is the mount on top
     return device
+
+
+def fanfs_mounts_of(store: str | os.PathLike) -> list[str]:
+    """The mount points of fanfs mounts that serve the store at ``store`` (a fanfs mount's source is ``fanfs:`` and the
+    store's absolute path, as its daemon names it), from /proc/self/mountinfo."""
+    found = []
+    want = os.path.realpath(store)
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split(b" ")
+            source = _unescape(fields[fields.index(b"-") + 2])
+            if source.startswith(b"fanfs:") and os.path.realpath(source[len(b"fanfs:"):]) == os.fsencode(want):
+                found.append(os.fsdecode(_unescape(fields[4])))
+    return found
+
+
+def _unescape(field: bytes) -> bytes:
+    return _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8)]), field)
 
 
 def unmount(mountpoint: str | os.PathLike, lazy: bool = False) -> subprocess.CompletedProcess:
