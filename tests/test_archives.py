@@ -396,3 +396,14 @@ def test_hard_link_chains_are_the_file_they_end_at(tmp_path, mount):
             assert (mnt / name).read_bytes() == (extracted / name).read_bytes() == body
         for name in ("s", "s2", "s3"):
             assert os.readlink(mnt / name) == os.readlink(extracted / name) == "a"
+
+
+def test_a_prefix_part_longer_than_a_name_says_so(tmp_path):
+    """Issue 39.11c: a 256-byte PREFIX got the generic 'needs a relative folder' line.  It says the part is too long."""
+    (tmp_path / "src").mkdir()
+    for prefix in ("a" * 256, "x/" + "b" * 300 + "/y"):
+        done = fanfs("pack", f"{prefix}={tmp_path / 'src'}", tmp_path / "store", check=False)
+        assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert f"its PREFIX has a part of {max(map(len, prefix.split('/'))):,} bytes, longer than the 255 a file name " \
+               "may have: give a shorter folder" in done.stderr, done.stderr
+    fanfs("pack", f"{'a' * 255}={tmp_path / 'src'}", tmp_path / "store", "--quiet")  # 255 is a name

@@ -32,7 +32,7 @@ def jpeg_store(tmp_path_factory):
     (src / "notes" / "readme.txt").write_text("not a jpeg\n" * 50)
     (src / "notes" / "named.jpg").write_bytes(b"plain text with a .jpg name")
     store = base / "store"
-    done = fanfs("pack", src, store, "--progressive-jpeg", "--quiet")
+    done = fanfs("pack", src, store, "--progressive-jpeg")
     assert "progressive records" in done.stdout and "kept as is" in done.stdout
     return src, store, samples
 

@@ -59,9 +59,14 @@ def cmd_pack(args: argparse.Namespace) -> int:
           f"in {report.shards:,} shards, {report.seconds:.1f} s{rate}")
     for kind in options.kinds:
         kept = [(path, reason) for name, path, reason in report.fallbacks if name == kind.name]
-        print(f"{kind.name}: {report.records.get(kind.name, 0):,} {kind.label}, {len(kept):,} {kind.fallback}")
+        records = report.records.get(kind.name, 0)
+        if not records and not kept:
+            continue  # nothing to say of this kind
+        print(f"{kind.name}: {records:,} {kind.label}, {len(kept):,} {kind.fallback}")
+        if args.quiet:
+            continue  # their count only
         for path, reason in kept[:20]:
-            print(f"  kept as is: {path}: {reason}")
+            print(f"  {kind.kept_as(reason)}: {path}: {reason}")
         if len(kept) > 20:
             print(f"  ... and {len(kept) - 20} more")
     if report.shards_by_rank:
@@ -144,7 +149,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "limit)")
     for kind in kinds().values():
         kind.pack_options(adder(p.add_argument_group(f"{kind.label}")))
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar, and no list of the files a record kind let go (their count only)")
 
     p = command("select", cmd_select, "measure codecs per kind of file on this node and choose, for a demanded "
                 "read rate, the best ratio that keeps up (writes a plan for pack --plan)")

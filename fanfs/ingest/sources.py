@@ -20,7 +20,7 @@ from typing import Any
 from .archives import Budget, Expander
 from .directory import WalkedDirectory, walk_file, walk_into
 from .members import DIR, IngestError, Member, Spool
-from .names import NAME_MAX, expanded_name
+from .names import NAME_MAX, expanded_name, show
 from .streams import Counted, kind_of
 from .tree import Tree, TreeBuilder
 from .zip import has_zip_directory
@@ -54,7 +54,11 @@ def split_source(arg: str) -> tuple[bytes, str]:
     text, _, src = arg.partition("=")
     prefix = os.fsencode(text)
     parts = prefix.split(b"/")
-    if not text or any(part in (b"", b".", b"..") or len(part) > NAME_MAX for part in parts):
+    long = next((part for part in parts if len(part) > NAME_MAX), None)
+    if long is not None:
+        raise IngestError(f"source {show(prefix)}=...: its PREFIX has a part of {len(long):,} bytes, longer than the "
+                          f"{NAME_MAX} a file name may have: give a shorter folder")
+    if not text or any(part in (b"", b".", b"..") for part in parts):
         raise IngestError(f"source {arg}: PREFIX=SRC needs a relative folder as PREFIX (like train or a/b: no empty, "
                           "'.' or '..' part, no leading '/'), or name an existing path")
     if not src:

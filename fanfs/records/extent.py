@@ -28,6 +28,8 @@ ALIGN = 4096
 EXTENT_MIN = 256 << 10
 """Smaller files stay plain: one read covers them whole, and a reply that small is copied by libfuse anyway."""
 FORMAT = 5
+HOLES = "it has holes, stored as nothing"
+"""Why a file with holes stays chunked (any other reason: its codec compresses it)."""
 
 
 @register
@@ -57,12 +59,16 @@ class Extents(PlainFiles):
         if size < EXTENT_MIN:
             return ""
         if any(source.data_from(pos) >= min(size, pos + CHUNK_SIZE) for pos in range(0, size, CHUNK_SIZE)):
-            return "it has holes, stored as nothing"
+            return HOLES
         if raw:
             return None
         sample = b"".join(source.pread(CHUNK_SIZE, pos) for pos in sorted({0, size // 2 // CHUNK_SIZE * CHUNK_SIZE}))
         packed = pays(codec, sample)
         return None if packed is None else f"{codec.spec} saves {1 - len(packed) / len(sample):.0%} of a sample"
+
+    def kept_as(self, reason: str) -> str:
+        """A file that compresses stays chunked and is kept compressed; one with holes is kept chunked."""
+        return "kept chunked" if reason == HOLES else "kept compressed"
 
     def pack(self, source: SourceFile, head: bytes) -> Packed:
         """The plain chunks, stored as they are and page-aligned (the caller checked :meth:`adopts`)."""
