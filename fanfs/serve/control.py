@@ -75,8 +75,9 @@ class DaemonEnded(ControlError):
 def _connect(sock: socket.socket, mountpoint: str) -> None:
     """Connect to the daemon of ``mountpoint``.  Its socket there with nothing listening, on a mount point that is
     still mounted, is a daemon that ended without unmounting (it removes its socket as it ends): said so."""
+    path = socket_path(mountpoint)
     try:
-        with _address(socket_path(mountpoint)) as address:
+        with _address(path) as address:
             sock.connect(address)
     except OSError as err:
         if err.errno == errno.ECONNREFUSED and mounted(mountpoint):
