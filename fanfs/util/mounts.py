@@ -41,14 +41,14 @@ def _device_at(target: bytes) -> str | None:
 
 def fanfs_mounts_of(store: str | os.PathLike) -> list[str]:
     """The mount points of fanfs mounts that serve the store at ``store`` (a fanfs mount's source is ``fanfs:`` and the
-    store's absolute path, as its daemon names it), from /proc/self/mountinfo."""
+    store's absolute path, as its daemon was given it), from /proc/self/mountinfo.  Compared as text, with the store's
+    absolute and real paths: resolving every mount's path could wait for ever on a stalled network file system."""
     found = []
-    want = os.path.realpath(store)
+    want = {b"fanfs:" + os.fsencode(path) for path in (os.path.abspath(store), os.path.realpath(store))}
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             fields = line.split(b" ")
-            source = _unescape(fields[fields.index(b"-") + 2])
-            if source.startswith(b"fanfs:") and os.path.realpath(source[len(b"fanfs:"):]) == os.fsencode(want):
+            if _unescape(fields[fields.index(b"-") + 2]) in want:
                 found.append(os.fsdecode(_unescape(fields[4])))
     return found
 
