@@ -7,6 +7,7 @@ so every layer can raise them and the command line can catch them before anythin
 from __future__ import annotations
 
 import errno
+import sys
 
 
 class FanfsError(Exception):
@@ -39,3 +40,16 @@ class UsageError(FanfsError, ValueError):
 class WouldWait(Exception):
     """Bytes asked for without waiting are not in memory: reading them would wait on a disk (or a peer).  Not a
     fault: the serving loop hands the read to a thread that may wait (:mod:`fanfs.store.resident`)."""
+
+
+def refuse_a_shadowed_package() -> None:
+    """Raise an ImportError that says so where ``import fanfs`` found a directory named fanfs (a checkout, a data
+    folder beside a script) before the installed package: the modules of fanfs that an editable install still finds
+    would fail on names of the package, with a traceback that names none of this.  Run first by the modules a
+    program imports from outside (the fsspec entry point, :mod:`fanfs.train`)."""
+    package = sys.modules.get("fanfs")
+    if package is not None and getattr(package, "__file__", None) is None:
+        where = ", ".join(dict.fromkeys(getattr(package, "__path__", None) or ["?"]))
+        raise ImportError(f"fanfs: the directory {where} shadows the installed fanfs package ('import fanfs' finds "
+                          "a folder named fanfs there first: beside the script, or in the current directory): rename "
+                          "that folder, or run from another directory")

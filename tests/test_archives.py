@@ -245,6 +245,28 @@ def test_train_and_val_in_one_store_under_their_folders(dataset, tmp_path):
     _check_against(store, *srcs)
 
 
+def test_verify_against_sources_without_their_folders_says_so_once(tmp_path):
+    """Issue 41: a store packed as train=A val=B, verified --against A B, gave a line per file (or stopped at the first,
+    'no such file in the store').  Now one line says the store has PREFIX folders and how pack had them, exit 1; a file
+    truly missing from the store is one difference among the others, not the end of the comparison."""
+    for split in ("train", "val"):
+        for i in range(3):
+            (tmp_path / split / f"d{i}").mkdir(parents=True)
+            (tmp_path / split / f"d{i}" / f"{split}{i}.txt").write_text(f"{split} {i}\n")
+    store = tmp_path / "store"
+    fanfs("pack", f"train={tmp_path / 'train'}", f"val={tmp_path / 'val'}", store, "--quiet")
+    for against in ([tmp_path / "train"], [tmp_path / "train", tmp_path / "val"]):
+        done = fanfs("verify", store, "--against", *against, "--quiet", check=False)
+        assert done.returncode == 1 and done.stderr.splitlines() == [
+            "fanfs: error: the store puts its sources under PREFIX folders (train/, val/) and the sources given do not: "
+            f"give --against PREFIX=SRC as pack had them (--against train={tmp_path / 'train'} val={tmp_path / 'val'})"]
+    (tmp_path / "train" / "d1" / "new.txt").write_text("new\n")
+    done = fanfs("verify", store, "--against", f"train={tmp_path / 'train'}", f"val={tmp_path / 'val'}", "--quiet",
+                 check=False)
+    assert done.returncode == 1 and "fanfs: train/d1/new.txt: in the source, missing from the store" in done.stderr
+    assert done.stdout.startswith("FAILED: ") and "error" not in done.stderr, done.stderr
+
+
 def test_an_argument_naming_a_path_is_that_path(tmp_path):
     """A directory literally named ``a=b`` packs as itself, not as ``b`` under ``a/``."""
     src = tmp_path / "a=b"
@@ -253,6 +275,33 @@ def test_an_argument_naming_a_path_is_that_path(tmp_path):
     store = tmp_path / "store"
     fanfs("pack", "a=b", store, "--quiet", cwd=tmp_path)
     assert Store(str(store)).read_file("f") == b"f"
+
+
+def test_a_single_file_packs_as_a_tree_of_that_file(dataset, tmp_path):
+    """Issue 41: a labels file as a source was refused ('neither a directory nor an archive').  A regular file that is
+    no archive is a tree of that one file: at the root as its name, or under PREFIX (through a symlink too, named as
+    given); verify --against takes it the same way.  One named as an archive is no file to pack but a damaged archive."""
+    labels = tmp_path / "val_labels.txt"
+    labels.write_bytes(b"n01440764\nn01443537\n")
+    os.utime(labels, ns=(MTIME * 10**9, MTIME * 10**9))
+    (tmp_path / "labels-link.txt").symlink_to(labels.name)
+    fanfs("pack", labels, tmp_path / "alone", "--quiet")
+    alone = Store(str(tmp_path / "alone"))
+    assert [name for name, *_ in alone.listdir(0)] == [b"val_labels.txt"]
+    assert alone.read_file("val_labels.txt") == labels.read_bytes()
+    assert alone.meta["sources"] == [{"path": str(labels), "kind": "file"}]
+    _check_against(tmp_path / "alone", labels)
+    srcs = [f"train={dataset / 'train'}", f"labels={tmp_path / 'labels-link.txt'}"]
+    fanfs("pack", *srcs, tmp_path / "both", "--quiet")
+    both = Store(str(tmp_path / "both"))
+    assert [name for name, *_ in both.listdir(0)] == [b"labels", b"train"]
+    assert both.read_file("labels/labels-link.txt") == labels.read_bytes()
+    assert both.index.mtime[both.lookup(b"labels/labels-link.txt")] == MTIME * 10**9
+    _check_against(tmp_path / "both", *srcs)
+    assert "(file) under labels/" in fanfs("info", tmp_path / "both").stdout
+    (tmp_path / "cut.tar.gz").write_bytes(b"half a download")  # named as an archive: refused, never packed as a file
+    done = fanfs("pack", tmp_path / "cut.tar.gz", tmp_path / "cut", check=False)
+    assert done.returncode == 1 and "its name says archive" in done.stderr and not (tmp_path / "cut").exists()
 
 
 @pytest.mark.parametrize("arg", ["../x={src}", "/abs={src}", "={src}", "a//b={src}", "a/./b={src}", "train=",
@@ -347,3 +396,14 @@ def test_hard_link_chains_are_the_file_they_end_at(tmp_path, mount):
             assert (mnt / name).read_bytes() == (extracted / name).read_bytes() == body
         for name in ("s", "s2", "s3"):
             assert os.readlink(mnt / name) == os.readlink(extracted / name) == "a"
+
+
+def test_a_prefix_part_longer_than_a_name_says_so(tmp_path):
+    """Issue 39.11c: a 256-byte PREFIX got the generic 'needs a relative folder' line.  It says the part is too long."""
+    (tmp_path / "src").mkdir()
+    for prefix in ("a" * 256, "x/" + "b" * 300 + "/y"):
+        done = fanfs("pack", f"{prefix}={tmp_path / 'src'}", tmp_path / "store", check=False)
+        assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert f"its PREFIX has a part of {max(map(len, prefix.split('/'))):,} bytes, longer than the 255 a file name " \
+               "may have: give a shorter folder" in done.stderr, done.stderr
+    fanfs("pack", f"{'a' * 255}={tmp_path / 'src'}", tmp_path / "store", "--quiet")  # 255 is a name

@@ -102,6 +102,26 @@ def test_a_stage_that_fills_the_disk_says_so_once(store, tmp_path, ranks):
         subprocess.run(["umount", str(small)], check=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_disk_too_small_to_stage_on_suggests_a_lazy_cache_with_a_capacity(tmp_path):
+    """Issue 41: staging onto too small a disk suggested more nodes, fewer replicas or a bigger disk, not the cache that
+    keeps what fits: --stage lazy --capacity SIZE."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "noise").write_bytes(os.urandom(3 << 20))
+    fanfs("pack", tmp_path / "src", tmp_path / "store", "--quiet")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        done = fanfs("stage", tmp_path / "store", small / "local", "--quiet", check=False)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "use more nodes, fewer replicas or a bigger disk, or mount with --stage lazy --capacity SIZE: a cache that " \
+           "keeps what fits the disk and reads the rest through (FANFS_STAGE=lazy FANFS_CAPACITY=SIZE in a job)" \
+           in done.stderr, done.stderr
+
+
 def test_an_empty_tree_packs_without_a_meaningless_ratio(tmp_path):
     (tmp_path / "empty").mkdir()
     done = fanfs("pack", tmp_path / "empty", tmp_path / "store")
@@ -334,3 +354,49 @@ def test_a_blob_that_decodes_to_the_wrong_size_is_eio_and_logged_once(store, tmp
             assert info.value.errno == errno.EIO
         log = Path(log_path(mnt)).read_text()
     assert log.count("EIO d/f3.txt (shard") == 1 and "decoded 5 bytes, expected 35000" in log, log
+
+
+def test_a_codec_misspelled_is_a_bad_option_naming_the_codecs_to_choose(tmp_path):
+    """Issue 41: '--codec zsdt' printed a Python dict and the internal codec 'planes', exit 1.  Now argparse's line
+    (exit 2, as for any bad option) lists the codecs a user may name."""
+    (tmp_path / "src").mkdir()
+    done = fanfs("pack", tmp_path / "src", tmp_path / "store", "--codec", "zsdt", check=False)
+    assert done.returncode == 2 and done.stderr.startswith("usage: fanfs pack "), done.stderr
+    assert done.stderr.splitlines()[-1] == ("fanfs pack: error: argument --codec: no codec 'zsdt' to choose: use zstd, "
+                                            "zstd:LEVEL (1-22), lz4, lz4:LEVEL (1-12) or raw")
+    assert "planes" not in done.stderr and not (tmp_path / "store").exists()
+    assert "zstd, zstd:LEVEL (1-22), lz4, lz4:LEVEL (1-12) or raw (default zstd:3)" in " ".join(
+        fanfs("pack", "--help").stdout.split())
+
+
+@pytest.mark.parametrize("args, usage, said", [
+    (["mount", "STORE", "MNT", "--fidelty", "3"], "fanfs mount", "unrecognized arguments: --fidelty 3 (did you mean "
+                                                                 "--fidelity?)"),
+    (["mount", "STORE", "MNT", "--fidelty=3"], "fanfs mount", "unrecognized arguments: --fidelty=3 (did you mean "
+                                                              "--fidelity?)"),
+    (["pack", "SRC", "STORE", "--quite"], "fanfs pack", "unrecognized arguments: --quite (did you mean --quiet?)"),
+    (["job", "serve", "STORE", "--replika", "2"], "fanfs job serve", "unrecognized arguments: --replika 2 (did you mean "
+                                                                     "--replicas?)"),
+])
+def test_a_misspelled_option_gets_its_commands_usage_and_the_closest_option(args, usage, said):
+    """Issue 41: '--fidelty' printed the top level's usage and suggested nothing (argparse 3.11 does not)."""
+    done = fanfs(*args, check=False)
+    assert done.returncode == 2 and done.stderr.startswith(f"usage: {usage} "), done.stderr
+    assert done.stderr.splitlines()[-1] == f"{usage}: error: {said}", done.stderr
+
+
+def test_a_source_whose_prefix_begins_with_a_dash_is_told_to_follow_dashes(tmp_path):
+    """Issue 39.11d: '-=SRC' (the folder '-') was taken for an option, and the error said only that STORE was missing.
+    argparse takes it after '--' (or as an option's value, --against=-=SRC): the error says so, and that works."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"f")
+    source, store = f"-={tmp_path / 'src'}", tmp_path / "store"
+    done = fanfs("pack", source, store, check=False)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        f"fanfs pack: error: the following arguments are required: STORE ({source} was taken for an option: write the "
+        f"sources after '--': fanfs pack [OPTIONS] -- {source} ...)"), done.stderr
+    fanfs("pack", "--quiet", "--", source, store)
+    done = fanfs("verify", store, "--against", tmp_path, source, check=False)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+        f"({source} was taken for an option: write --against={source})"), done.stderr
+    assert fanfs("verify", store, f"--against={source}", "--quiet").stdout.startswith("ok: 1 shards, 1 files")

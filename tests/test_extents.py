@@ -105,6 +105,24 @@ def test_a_large_file_that_compresses_is_an_extent_unless_it_decodes_fast_enough
     assert done.returncode == 2 and "--large-rate: not a rate: 'fast'" in done.stderr
 
 
+def test_pack_says_what_became_of_the_files_it_kept_chunked_and_quiet_lists_none(extents, tmp_path):
+    """Issue 39.11a-b: a file that compresses (1000 MiB -> 49 KiB) was listed as 'kept as is', up to 24 lines even with
+    -q, and 'extent: 0 extents, 0 large files kept chunked' came with every pack.  Now the line says it is kept
+    compressed (or chunked, for holes), -q gives the count only, and a kind with nothing to say says nothing."""
+    src, _, out = extents
+    lines = out.splitlines()
+    assert any(line.startswith(f"  kept compressed: {src}/vol/text.csv: zstd:3 saves 100% of a sample and decodes it at")
+               for line in lines), out
+    assert f"  kept chunked: {src}/vol/sparse.img: it has holes, stored as nothing" in lines, out
+    assert "kept as is" not in out
+    quiet = fanfs("pack", src, tmp_path / "quiet", "--quiet", "--large-rate", "1MB/s").stdout.splitlines()
+    assert quiet[0].startswith("packed 5 files") and quiet[1:] == ["extent: 2 extents, 2 large files kept chunked"]
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "a.txt").write_text("a few bytes\n")
+    plain = fanfs("pack", tmp_path / "small", tmp_path / "plain").stdout.splitlines()
+    assert len(plain) == 1 and plain[0].startswith("packed 1 files"), plain
+
+
 def test_no_extents_keeps_every_file_chunked(extents, tmp_path):
     src, _, _ = extents
     fanfs("pack", src, tmp_path / "store", "--no-extents", "--quiet")

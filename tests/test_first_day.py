@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -90,6 +92,7 @@ def test_info_says_what_its_columns_are_on_a_tiered_store(tiered):
     text = fanfs("info", tiered).stdout
     assert "codec   files  full size     stored   ratio" in text
     assert "stored: their bytes in the shards, resolution tiers included" in text
+    assert "; raw: stored as they are (compression would not pay; JPEG scans are compressed already)" in text
     assert re.search(r"resolution tiers 1/2: 12 records, \S+ \S+ stored \(\+\d+% over their scans\)", text), text
 
 
@@ -118,3 +121,37 @@ def test_the_install_lines_name_what_an_index_has():
     texts = {path: path.read_text() for path in [REPO / "README.rst", *(REPO / "docs").glob("*.rst"),
                                                  *(REPO / "fanfs").rglob("*.py")]}
     assert not [path for path, text in texts.items() if re.search(r"pip install '?fanfs\[", text)]
+
+
+def test_setup_help_prints_its_usage_and_installs_nothing(tmp_path):
+    """Issue 41: 'tools/setup --help' printed nothing and ran the install.  Now: its usage, exit 0; an unknown option
+    is one line, exit 2; neither calls apt-get, dpkg-query or python3 (stand-ins here, which note a call and fail)."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("apt-get", "sudo", "dpkg-query", "python3"):
+        (stubs / name).write_text(f"#!/bin/sh\necho {name} >> {tmp_path / 'called'}\nexit 1\n")
+        (stubs / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}:/usr/bin:/bin"}
+    shown = subprocess.run([REPO / "tools" / "setup", "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: tools/setup [--test | --bench | --help]"), shown
+    assert "--test" in shown.stdout and "--bench" in shown.stdout and not shown.stderr
+    wrong = subprocess.run([REPO / "tools" / "setup", "--tset"], capture_output=True, text=True, env=env, timeout=60)
+    assert wrong.returncode == 2 and not wrong.stdout, wrong
+    assert wrong.stderr.splitlines() == ["tools/setup: error: unknown option '--tset': use --test, --bench or --help"]
+    assert not (tmp_path / "called").exists()
+
+
+def test_a_store_without_jpegs_gets_no_line_about_them(tmp_path, mount):
+    """Issue 41: a store of plain files showed 'raw: ... (JPEG scans are compressed already)' in info and 'per layer
+    1: ...' in stats.  Such lines only where they apply."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "noise.bin").write_bytes(os.urandom(300_000))  # stored raw (an extent)
+    (tmp_path / "src" / "text.txt").write_text("words " * 20_000)
+    fanfs("pack", tmp_path / "src", tmp_path / "store", "--quiet")
+    info = fanfs("info", tmp_path / "store").stdout
+    assert "raw: stored as they are (compression would not pay)" in info and "JPEG" not in info, info
+    with mount(tmp_path / "store") as mnt:
+        assert (mnt / "noise.bin").read_bytes() and (mnt / "text.txt").read_bytes()
+        text = fanfs("stats", mnt).stdout
+        data = json.loads(fanfs("stats", mnt, "--json").stdout)
+    assert data["stored_by_layer"] and not data["layered"] and "per layer" not in text, text

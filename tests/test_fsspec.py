@@ -346,6 +346,42 @@ def test_the_entry_point_registers_the_protocol(stores, tmp_path):
     assert done.stdout.split() == ["fanfs.fsspec.filesystem", "b'meow'"]
 
 
+EDITABLE_INSTALL = """\
+import sys
+from importlib.machinery import PathFinder
+
+class Editable:  # as setuptools' editable install finds the package's modules: in its checkout, whatever sys.path says
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        return PathFinder.find_spec(fullname, [sys.argv[1]]) if fullname.rpartition(".")[0] == "fanfs" else None
+
+sys.meta_path.insert(0, Editable)
+"""
+
+
+def test_a_folder_named_fanfs_beside_a_script_is_named_by_the_error(stores, tmp_path):
+    """Issue 41: a script beside a directory named fanfs (a checkout) imports that folder as ``fanfs``, and fsspec's
+    entry point then failed with "cannot import name '__version__' from 'fanfs' (unknown location)".  Now the error
+    under fsspec's says what is wrong and where, in one line; fanfs.train too."""
+    dist = tmp_path / "entry" / "fanfs_specs-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fanfs-specs\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[fsspec.specs]\nfanfs = fanfs.fsspec:FanfsFileSystem\n")
+    (tmp_path / "work" / "fanfs" / "notes").mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "entry")}  # not the checkout: there, fanfs/ would win
+    for name, code in (("reads.py", "import fsspec\nfsspec.filesystem('fanfs', store=sys.argv[2])\n"),
+                       ("trains.py", "import fanfs.train\n")):
+        (tmp_path / "work" / name).write_text(EDITABLE_INSTALL + code)
+        done = subprocess.run([sys.executable, tmp_path / "work" / name, REPO / "fanfs", stores["plain"]],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        said = [line for line in done.stderr.splitlines() if line.startswith("ImportError: fanfs:")]
+        assert done.returncode == 1 and said == [
+            f"ImportError: fanfs: the directory {tmp_path / 'work' / 'fanfs'} shadows the installed fanfs package "
+            "('import fanfs' finds a folder named fanfs there first: beside the script, or in the current directory): "
+            "rename that folder, or run from another directory"], done.stderr
+        assert "__version__" not in done.stderr
+
+
 def test_fanfs_and_its_command_line_never_import_fsspec():
     code = ("import sys, fanfs, fanfs.store, fanfs.serve.fusefs, fanfs.cli.main, fanfs.cli.serve; "
             "assert 'fsspec' not in sys.modules, 'fsspec imported'")

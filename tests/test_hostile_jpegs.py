@@ -81,7 +81,7 @@ def test_pack_caps_pixels_from_the_frame_header(hostile):
     the count comes from the header, so a tiny file claiming 65535x65535 costs nothing (the pack runs in
     3 GiB of address space; transcoding it would need ~26 GB)."""
     src, base = hostile
-    done = fanfs("pack", src, base / "default", "--progressive-jpeg", "--quiet", preexec_fn=_limited)
+    done = fanfs("pack", src, base / "default", "--progressive-jpeg", preexec_fn=_limited)  # not -q: the list
     kept = _kept(done.stdout, src)
     assert kept["big/flat-10000.jpg"] == "10000x10000 = 100,000,000 pixels, more than --max-pixels 67,108,864"
     assert kept["big/claims-65535.jpg"] == "65535x65535 = 4,294,836,225 pixels, more than --max-pixels 67,108,864"
@@ -92,7 +92,7 @@ def test_pack_caps_pixels_from_the_frame_header(hostile):
     s.close()
     fanfs("verify", base / "default", "--against", src, "--quiet")
 
-    done = fanfs("pack", src, base / "lower", "--max-pixels", "0.1M", "--quiet")  # implies --progressive-jpeg
+    done = fanfs("pack", src, base / "lower", "--max-pixels", "0.1M")  # implies --progressive-jpeg
     kept = _kept(done.stdout, src)
     assert "more than --max-pixels 104,857" in kept["big/flat-10000.jpg"]
     photos = {f"photos/img_0000{i}.jpg": Image.open(src / f"photos/img_0000{i}.jpg").size for i in range(6)}
@@ -111,7 +111,7 @@ def test_measurement_skips_what_it_cannot_measure(hostile, mount):
     is measured on the photos."""
     src, base = hostile
     store = base / "roomy"
-    done = fanfs("pack", src, store, "--max-pixels", "100M", "--quiet")
+    done = fanfs("pack", src, store, "--max-pixels", "100M")
     assert set(_kept(done.stdout, src)) == {"big/claims-65535.jpg"}
     done = fanfs("fidelity", store, "--timed", "2", "--json", preexec_fn=_limited)
     curve = json.loads(done.stdout)
@@ -180,7 +180,7 @@ def test_bytes_after_eoi_are_kept_byte_exact(tmp_path, mount):
     for name, data in trailers.items():
         (src / name).write_bytes(data)
     (src / "photo.jpg").write_bytes(photo)
-    done = fanfs("pack", src, tmp_path / "store", "--progressive-jpeg", "--quiet")
+    done = fanfs("pack", src, tmp_path / "store", "--progressive-jpeg")
     kept = _kept(done.stdout, src)
     assert set(kept) == set(trailers), done.stdout
     assert all(why.startswith("bytes after EOI (") for why in kept.values()), kept

@@ -274,6 +274,41 @@ def test_a_full_disk_during_a_lazy_fetch_reads_through_and_says_why(photos, tmp_
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_lazy_cache_on_a_full_disk_gives_one_account_of_its_blobs(photos, tmp_path, mount):
+    """Issue 41: on a full disk, stats said '2,000 fetched and kept (876.8 MiB)' beside '300.0 MiB on disk now' and
+    '1,233 blobs could not be kept': the fetched ones counted those not kept.  Now one account: fetched = kept + not
+    kept, bytes too; kept now = what those kept, the blobs the cache had at the mount's start included (a second
+    mount starts with them)."""
+    from fanfs.util.units import human_size
+    store, names, expected = photos
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(small)], check=True)
+    try:
+        local = small / "local"
+        with mount(store, "--local-dir", local, "--stage", "lazy", "--workers", "1") as mnt:
+            assert read_all(mnt, names) == expected[FULL]
+            first, text = stats(mnt)["cache"], fanfs("stats", mnt).stdout
+        with mount(store, "--local-dir", local, "--stage", "lazy", "--workers", "1") as mnt:
+            second = stats(mnt)["cache"]
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+    kept = first["fills"] - first["unkept"]
+    assert first["unkept"] > 0 and kept > 0 and first["kept_at_start"] == 0, first
+    assert kept == first["kept_blobs"] and first["fill_bytes"] - first["unkept_bytes"] == first["kept_stored_bytes"]
+    lines = {line[:10].strip(): line[11:] for line in text.splitlines()}
+    assert lines["fetched"] == (
+        f"{first['fills']:,} blobs ({human_size(first['fill_bytes'])}) by reads since the mount: {kept:,} kept "
+        f"({human_size(first['kept_stored_bytes'])}), {first['unkept']:,} ({human_size(first['unkept_bytes'])}) could "
+        "not be kept (the local directory was full: see the log)"), text
+    assert lines["kept now"] == f"{kept:,} blobs ({human_size(first['kept_stored_bytes'])}), 0 of them kept when the " \
+                                "mount started", text
+    assert "fetched and kept" not in text
+    assert second["kept_at_start"] == second["kept_blobs"] == kept and second["fills"] == 0, second
+
+
 @pytest.fixture
 def one_file_store(tmp_path) -> Path:
     (tmp_path / "src").mkdir()

@@ -173,3 +173,20 @@ def test_a_source_written_while_packed_is_refused_not_stored_torn(tmp_path):
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "log.bin changed while it was packed (size 3,145,728 -> 3,145,736)" in done.stderr
     assert not list(tmp_path.glob("store*"))
+
+
+def test_force_over_a_mounted_store_warns_that_the_mount_serves_the_old_one(tmp_path, mount):
+    """Issue 41: 'pack --force' over a store mounted right now said nothing, and the mount went on serving the old tree
+    until it was remounted.  Now a line names the mount point and what to do; no mount of the store, no line."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"old")
+    store = tmp_path / "store"
+    fanfs("pack", src, store, "--quiet")
+    (src / "a").write_bytes(b"new")
+    with mount(store) as mnt, mount(store) as again:
+        done = fanfs("pack", src, store, "--force", "--quiet")
+    warned = sorted(line for line in done.stderr.splitlines() if "still serves" in line)
+    assert warned == sorted(f"fanfs: warning: {point} still serves the store this pack replaced until it is remounted: "
+                            f"'fanfs umount {point}', then mount it again" for point in (mnt, again)), done.stderr
+    assert "still serves" not in fanfs("pack", src, store, "--force", "--quiet").stderr

@@ -219,3 +219,29 @@ def test_a_daemon_killed_with_minus_9_takes_its_serving_processes_along(tree, tm
         force_unmount(mnt)
         for pid in daemon_pids(mnt):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_dead_mount_says_its_daemon_has_ended(tree, tmp_path):
+    """Issue 41: after a kill -9 of the daemon, 'fanfs mount' there said only 'already a mount point' (the dead mount's
+    root still stats from the kernel's cache) and 'fanfs stats' '(Connection refused)'.  Both say the daemon has ended
+    and what to do."""
+    _, store, files = tree
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        fanfs("mount", store, mnt)
+        parent, workers = serving_pids(mnt)
+        os.kill(parent, signal.SIGKILL)
+        wait_gone(None, (parent, *workers))
+        again = fanfs("mount", store, mnt, check=False)
+        assert again.returncode == 1 and again.stderr.splitlines() == [
+            f"fanfs: error: {mnt} is already a mount point whose daemon has ended (it answers 'Transport endpoint is "
+            f"not connected'): 'fanfs umount {mnt}' first"], again.stderr
+        for command in ("stats", "ctl"):
+            done = fanfs(command, mnt, *(["--fidelity", "full"] if command == "ctl" else []), check=False)
+            assert done.returncode == 1 and done.stderr.splitlines() == [
+                f"fanfs: error: {mnt} is a dead mount: its fanfs daemon has ended (killed?); 'fanfs umount {mnt}' "
+                "removes it, then mount again"], done.stderr
+        assert fanfs("umount", mnt).stdout.strip() == f"unmounted {mnt}"
+    finally:
+        force_unmount(mnt)

@@ -54,15 +54,20 @@ class LazyShare:
     plan: CachePlan
     cache: DiskCache
     rank: int  # the node's
+    kept_at_start: int = 0  # blobs the cache kept when the daemon started (a cache resumed), for ``fanfs stats``
 
     def stats(self, counters: dict[str, Any]) -> dict[str, Any]:
-        """For ``fanfs stats``: as a staged share's, and what the cache may hold and holds, its hits, what it fetched
-        and what was read through."""
+        """For ``fanfs stats``: as a staged share's, and what the cache may hold and holds (the blobs it keeps now:
+        those it kept at the start, plus those fetched and kept since, less bad copies dropped), its hits, what it
+        fetched and what was read through."""
         cache, plan = self.cache, self.plan
+        kept = cache.states == KEPT
         return {"staged": dict(self.presentation), "shared_bytes": counters["by_source"].get(self.shared.name, 0),
                 "cache": {"capacity": plan.capacity, "window": plan.window,
                           "keeps_bytes": plan.kept_bytes(self.rank), "share_bytes": plan.share_bytes(self.rank),
                           "held_bytes": cache.held_bytes(), "kept_bytes": cache.held_bytes((KEPT,)),
+                          "kept_blobs": int(kept.sum()), "kept_stored_bytes": int(cache.stored[kept].sum()),
+                          "kept_at_start": self.kept_at_start,
                           "ahead_bytes": cache.held_bytes((AHEAD, SPENT)), **counters.get("cache", {}),
                           "read_through_bytes": counters["by_source"].get(self.shared.name, 0)}}
 
@@ -84,8 +89,10 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
     if owner:
         make_local_dir(local_dir)
     cache = DiskCache(local_dir, index, store_id, owner=owner)
+    kept_at_start = 0
     if owner:
         dropped = cache.recover(keep)
+        kept_at_start = int((cache.states == KEPT).sum())
         held = cache.held_bytes()
         log.info("cache in %s: %s on disk from before%s; keeps up to %s of its %s share%s", local_dir,
                  human_size(held), f" ({dropped:,} blobs dropped: cut short, fetched ahead, or now over the budget)"
@@ -93,7 +100,7 @@ def lazy_share(store_root: str, local_dir: str, index: Index, placement: Placeme
                  f" (capacity {human_size(capacity)})" if capacity is not None else "")
         _warn_if_short(local_dir, plan.kept_bytes(rank) + plan.window - held, capacity)
     local = CachedShards(cache, keep, shared, local_dir)
-    return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, rank)
+    return LazyShare(presentation, np.ones(blobs, bool), local, shared, plan, cache, rank, kept_at_start)
 
 
 class FirstHolderFirst(ShardSource):

@@ -34,8 +34,8 @@ import numpy as np
 from ..errors import FanfsError, NotHeld, WouldWait
 from ..util.checksum import checksum
 from ..store.resident import Unsupported, pread_resident
-from .keyedlocks import KeyedLocks
 from ..store.sources import ShardSource, reopen
+from .keyedlocks import KeyedLocks
 
 log = logging.getLogger("fanfs")
 
@@ -302,7 +302,7 @@ class CachedShards(ShardSource):
         self._keep = memoryview(keep)
         self.shared = shared
         self.name = name
-        self.hits = self.hit_bytes = self.fills = self.fill_bytes = self.unkept = 0
+        self.hits = self.hit_bytes = self.fills = self.fill_bytes = self.unkept = self.unkept_bytes = self.dropped = 0
         self._warned = -REPORT_EVERY
 
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
@@ -317,7 +317,7 @@ class CachedShards(ShardSource):
             self.hits += 1
             self.hit_bytes += len(data)
         if why:
-            self.unkept += 1
+            self.unkept, self.unkept_bytes = self.unkept + 1, self.unkept_bytes + len(data)
             now = time.monotonic()
             if now - self._warned >= REPORT_EVERY:
                 self._warned = now
@@ -361,12 +361,15 @@ class CachedShards(ShardSource):
 
     def rejected(self, blob: int) -> None:
         """The copy this gave failed the Store's check: drop it, so that the next read fetches it again."""
-        self.cache.drop(blob, wait=True)
+        kept = self.cache.state(blob) == KEPT
+        if self.cache.drop(blob, wait=True) and kept:
+            self.dropped += 1
 
     def counters(self) -> dict[str, dict[str, int]]:
         """This process's figures, which add up over a node's processes (``fanfs stats``)."""
         return {"cache": {"hit_blobs": self.hits, "hit_bytes": self.hit_bytes, "fills": self.fills,
-                          "fill_bytes": self.fill_bytes, "unkept": self.unkept,
+                          "fill_bytes": self.fill_bytes, "unkept": self.unkept, "unkept_bytes": self.unkept_bytes,
+                          "dropped": self.dropped,
                           **getattr(self.shared, "fill_counts", {})}}  # where the fills came from, if it says
 
     def after_fork(self) -> None:

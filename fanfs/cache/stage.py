@@ -241,6 +241,11 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
         os.close(src_fd)
 
 
+LAZY_INSTEAD = ("or mount with --stage lazy --capacity SIZE: a cache that keeps what fits the disk and reads the rest "
+                "through (FANFS_STAGE=lazy FANFS_CAPACITY=SIZE in a job)")
+"""What a disk too small for a node's share may do instead of a full stage."""
+
+
 def stage(store_root: str, local_dir: str, replicas: int, world: World, index: Index, *,
           presentation: Presentation = Presentation(), progress: bool = True) -> StageReport | None:
     """Collective: stage this node's blobs into ``local_dir``, only those read at ``presentation`` (the
@@ -260,7 +265,8 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
         free = shutil.disk_usage(local_dir).free
         if need > free:
             error = (f"{local_dir} has {human_size(free)} free but this node needs {human_size(need)} for its "
-                     f"share of the store ({placement.replicas} replicas): use more nodes, fewer replicas or a bigger disk")
+                     f"share of the store ({placement.replicas} replicas): use more nodes, fewer replicas or a bigger "
+                     f"disk, {LAZY_INSTEAD}")
     except FanfsError as err:
         error = str(err)
     except OSError as err:
@@ -284,7 +290,7 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
             if err.errno in (errno.ENOSPC, errno.EDQUOT):  # every later shard would fail alike: say it once
                 report.problems.append(f"{local_dir}: {err.strerror} after copying {human_size(done)} of "
                                        f"{human_size(sum(p.nbytes for p in parts))}: free space, or use more nodes "
-                                       "or fewer replicas")
+                                       f"or fewer replicas, {LAZY_INSTEAD}")
                 break
             report.problems.append(f"shard {shard_name(part.shard)}: {err.strerror or err}")
             continue

@@ -116,10 +116,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p = command("verify", cmd_verify, "re-check every checksum of a store (and with --against, every file: plain ones byte-exact, JPEG "
                 "records pixel-exact)")
     p.add_argument("store", help="the store directory")
-    p.add_argument("--against", metavar="SRC", nargs="+",
+    p.add_argument("--against", metavar="SRC", nargs="+", action="extend",
                    help="also compare every entry and byte with the sources it was packed from (directories, "
-                        "archives, - for a tar on standard input), read as pack read them (archives inside expanded "
-                        "if the store's were)")
+                        "archives, files, - for a tar on standard input; PREFIX=SRC as pack had them; given again, "
+                        "more of them), read as pack read them (archives inside expanded if the store's were)")
     p.add_argument("--max-expansion", type=nonnegative_float, default=1000.0, metavar="RATIO",
                    help="as pack's: refuse an archive whose members hold more than RATIO times its bytes (0: no limit)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")

@@ -39,8 +39,8 @@ def build_parser() -> "argparse.ArgumentParser":
     import argparse
 
     from . import inspect, job, pack, serve
-    parser = argparse.ArgumentParser(prog="fanfs", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .args import Parser
+    parser = Parser(prog="fanfs", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"fanfs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 

@@ -10,17 +10,18 @@ from collections.abc import Callable
 from ..util.server import default_workers
 from ..util.units import human_rate, human_size
 from ..records import kinds
-from .args import nonnegative_float, positive, positive_size, print_json, seconds, size
+from ..codecs import codec_forms
+from .args import codec, nonnegative_float, positive, positive_size, print_json, seconds, size
 from .presentation import adder
 
 Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from ..codecs import parse_codec
     from ..pack.pack import PackOptions, pack
     from ..records import pack_kinds
     from ..peers.world import launched_ranks, local_ranks
+    from ..util.mounts import fanfs_mounts_of
     from ..util.server import keep_large_buffers
     from ..ingest.sources import split_source
     from ..util.privacy import narrow_umask, shared_read_bits
@@ -29,7 +30,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     narrowed = narrow_umask(shared_read_bits(path for path in paths if path != "-"))  # no more open than its sources
     ranks = launched_ranks()[1]
     jobs = args.jobs or max(1, len(os.sched_getaffinity(0)) // (local_ranks() if ranks > 1 else 1))
-    options = PackOptions(codec=parse_codec(args.codec), shard_size=args.shard_size, jobs=jobs,
+    options = PackOptions(codec=args.codec, shard_size=args.shard_size, jobs=jobs,
                           force=args.force, progress=not args.quiet, expand_archives=args.expand_archives,
                           max_expansion=args.max_expansion)
     if args.plan:
@@ -39,6 +40,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     def warn(text: str) -> None:
         print(f"fanfs: warning: {text}", file=sys.stderr)
 
+    serving = fanfs_mounts_of(args.store) if args.force else []  # the store they serve is replaced: said once packed
     if ranks > 1:  # under mpiexec or srun: every rank packs shards, rank 0 reads the sources and reports
         from ..cluster.pack import pack_on_ranks
         report = pack_on_ranks(args.src, args.store, options, warn)
@@ -46,6 +48,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
             return 0
     else:
         report = pack(args.src, args.store, options, on_warning=warn)
+    for mountpoint in serving:
+        warn(f"{mountpoint} still serves the store this pack replaced until it is remounted: 'fanfs umount {mountpoint}', "
+             "then mount it again")
     for kind in options.kinds:
         for note in kind.pack_notes():
             print(f"fanfs: note: {note}", file=sys.stderr)
@@ -56,9 +61,14 @@ def cmd_pack(args: argparse.Namespace) -> int:
           f"in {report.shards:,} shards, {report.seconds:.1f} s{rate}")
     for kind in options.kinds:
         kept = [(path, reason) for name, path, reason in report.fallbacks if name == kind.name]
-        print(f"{kind.name}: {report.records.get(kind.name, 0):,} {kind.label}, {len(kept):,} {kind.fallback}")
+        records = report.records.get(kind.name, 0)
+        if not records and not kept:
+            continue  # nothing to say of this kind
+        print(f"{kind.name}: {records:,} {kind.label}, {len(kept):,} {kind.fallback}")
+        if args.quiet:
+            continue  # their count only
         for path, reason in kept[:20]:
-            print(f"  kept as is: {path}: {reason}")
+            print(f"  {kind.kept_as(reason)}: {path}: {reason}")
         if len(kept) > 20:
             print(f"  ... and {len(kept) - 20} more")
     if report.shards_by_rank:
@@ -117,13 +127,14 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p = command("pack", cmd_pack, "pack directory trees and archives into a new store (compressed shards + index)")
     p.add_argument("src", nargs="+", metavar="SRC",
                    help="what to pack: a directory, an archive (tar, tar.gz/.bz2/.xz/.zst, zip: told by its bytes, "
-                        "read once, never extracted to disk) or - (a tar stream on standard input); several merge "
+                        "read once, never extracted to disk), - (a tar stream on standard input) or any other file "
+                        "(a labels file: that one file at the root, or PREFIX/FILE as PREFIX=FILE); several merge "
                         "into one tree (a name in two of them is an error); PREFIX=SRC puts SRC under the folder "
                         "PREFIX (train=ILSVRC2012_img_train.tar val=ILSVRC2012_img_val.tar); an argument naming an "
                         "existing path is that path")
     p.add_argument("store", metavar="STORE",
                    help="store directory to create (must not exist, or be empty; --force replaces a store)")
-    p.add_argument("--codec", default="zstd:3", help="zstd:LEVEL (1-22), lz4, lz4:LEVEL (1-12) or raw (default zstd:3)")
+    p.add_argument("--codec", type=codec, default="zstd:3", help=f"{codec_forms()} (default zstd:3)")
     p.add_argument("--shard-size", type=positive_size, default="256M",
                    help="source bytes per shard at most (default 256M; a small tree is cut finer so that every "
                         "worker has shards to pack)")
@@ -144,7 +155,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "limit)")
     for kind in kinds().values():
         kind.pack_options(adder(p.add_argument_group(f"{kind.label}")))
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar, and no list of the files a record kind let go (their count only)")
 
     p = command("select", cmd_select, "measure codecs per kind of file on this node and choose, for a demanded "
                 "read rate, the best ratio that keeps up (writes a plan for pack --plan)")

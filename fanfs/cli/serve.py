@@ -149,8 +149,13 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         raise UsageError("--source compares decode speeds: it needs --timed above 0")
     if args.source and not os.path.isdir(args.source):
         raise UsageError(f"--source {args.source} is not a directory: give the tree the store was packed from")
+    def starting(records: int) -> None:
+        timed = f", then their decode timed on {min(args.timed, records):,}" if args.timed else ""
+        print(f"fanfs fidelity: measuring {records:,} sampled JPEG records{timed} (the progress line gives an ETA; "
+              "--sample N measures fewer, sooner, and --timed 0 times none)", file=sys.stderr, flush=True)
+
     curve = analyse(store, args.sample, args.seed, progress=not args.json, timed=args.timed, source=args.source,
-                    max_pixels=args.max_pixels)
+                    max_pixels=args.max_pixels, starting=starting)
     saved = save_curve(store, curve) if args.save else None
     if args.plot:
         plot_curve(curve, args.min_ssim, args.plot)
@@ -213,7 +218,7 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
                  "blobs read in parts; a file read whole is cached by the kernel, whose hits never reach fanfs)")
     lines.append(f"decode     {stats['decode_seconds']:.3f} s decompressing blobs")
     lines += [f"note       {note}" for note in stats.get("notes", [])]
-    if stats["stored_by_layer"]:
+    if stats["stored_by_layer"] and stats["layered"]:  # a store of plain files has one layer: nothing to tell
         lines.append("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"], 1)))
     if stats.get("stored_by_side_layer"):
         names = stats.get("side_names", [])
@@ -247,18 +252,26 @@ CAPACITY_HELP = ("with --stage lazy: local disk this node's cache may take (e.g.
 
 
 def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
-    """``fanfs stats`` of a lazily staged node's cache: what it may hold and holds, hits, fetches, read-throughs; what
-    it fetched ahead of its readers (``ahead``, once it was given their order)."""
+    """``fanfs stats`` of a lazily staged node's cache, one account: what it may keep and has on disk; what reads fetched
+    since the mount, kept or not; what it keeps now, and how much of that it had when the mount started; hits and
+    read-throughs; what it fetched ahead of its readers (``ahead``, once it was given their order)."""
     capacity = f"capacity {human_size(cache['capacity'])}" if cache["capacity"] is not None else "no capacity set"
+    ahead_kept = ahead["kept_fills"] if ahead is not None else 0
+    peers = f", {cache['peer_fills']:,} of them copied from a peer that fetched them" if cache.get("peer_fills") else ""
+    unkept = (f", {cache['unkept']:,} ({human_size(cache['unkept_bytes'])}) could not be kept (the local directory "
+              "was full: see the log)") if cache["unkept"] else ""
     lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its "
              f"{human_size(cache['share_bytes'])} share; {human_size(cache['held_bytes'])} on disk now "
              f"({human_size(cache['ahead_bytes'])} of it fetched ahead)",
-             f"           {cache['hit_blobs']:,} blobs read here ({human_size(cache['hit_bytes'])}), {cache['fills']:,} "
-             f"fetched and kept ({human_size(cache['fill_bytes'])}, {cache.get('peer_fills', 0):,} of them copied from "
-             f"a peer that fetched them from the shared store), "
-             f"{human_size(cache['read_through_bytes'])} read through"]
-    if cache["unkept"]:
-        lines.append(f"           {cache['unkept']:,} blobs could not be kept (the local directory was full: see the log)")
+             f"fetched    {cache['fills']:,} blobs ({human_size(cache['fill_bytes'])}) by reads since the mount{peers}: "
+             f"{cache['fills'] - cache['unkept']:,} kept ({human_size(cache['fill_bytes'] - cache['unkept_bytes'])})"
+             f"{unkept}",
+             f"kept now   {cache['kept_blobs']:,} blobs ({human_size(cache['kept_stored_bytes'])}), "
+             f"{cache['kept_at_start']:,} of them kept when the mount started"
+             + (f", {ahead_kept:,} fetched ahead of the readers" if ahead_kept else "")
+             + (f"; {cache['dropped']:,} bad copies dropped since (see the log)" if cache["dropped"] else ""),
+             f"hits       {cache['hit_blobs']:,} blobs read here ({human_size(cache['hit_bytes'])}), "
+             f"{human_size(cache['read_through_bytes'])} read through (blobs this node does not keep)"]
     if ahead is not None:
         lines += _ahead_lines(ahead)
     return lines

@@ -9,12 +9,13 @@ Adding a codec is one module defining a :class:`Codec` subclass decorated with :
 import below.
 """
 
-from . import lz4, planes, raw, zstd  # noqa: F401  (each registers its codec)
-from .base import (MIN_SAVING, Codec, CodecError, codec_from_config, decode_speed, pays, parse_codec, register,
-                   required_decode)
+from . import zstd, lz4, raw, planes  # noqa: F401  (each registers its codec; --codec lists them in this order)
+from .base import (MIN_SAVING, Codec, CodecError, codec_forms, codec_from_config, decode_speed, pays, parse_codec,
+                   register, required_decode)
 from .lz4 import Lz4
 from .planes import BytePlanes
 from .raw import Raw
 from .zstd import Zstd
 
-__all__ = ["MIN_SAVING", "pays", "decode_speed", "required_decode", "Codec", "CodecError", "codec_from_config", "parse_codec", "register", "Raw", "Zstd", "Lz4", "BytePlanes"]
+__all__ = ["MIN_SAVING", "pays", "decode_speed", "required_decode", "Codec", "CodecError", "codec_forms",
+           "codec_from_config", "parse_codec", "register", "Raw", "Zstd", "Lz4", "BytePlanes"]

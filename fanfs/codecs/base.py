@@ -52,6 +52,8 @@ class Codec:
     """Compresses independent blobs."""
 
     codec_id: ClassVar[str]
+    option_forms: ClassVar[tuple[str, ...]] = ()
+    """How ``--codec`` names it (none: fanfs alone chooses it, as float records choose ``planes``)."""
 
     def encode(self, data: bytes) -> bytes:
         raise NotImplementedError
@@ -103,9 +105,17 @@ def codec_from_config(config: Mapping[str, Any], dictionaries: Mapping[str, byte
         raise CodecError(f"bad codec config {dict(config)!r}: {err}") from None
 
 
+def codec_forms() -> str:
+    """What ``--codec`` takes, as its help and its errors list it."""
+    forms = [form for cls in _REGISTRY.values() for form in cls.option_forms]
+    return ", ".join(forms[:-1]) + f" or {forms[-1]}"
+
+
 def parse_codec(spec: str) -> Codec:
     """``zstd:19`` / ``lz4`` / ``lz4:9`` / ``raw`` -> codec (the ``--codec`` option)."""
     name, _, level = spec.partition(":")
+    if not getattr(_REGISTRY.get(name), "option_forms", ()):
+        raise CodecError(f"no codec {name!r} to choose: use {codec_forms()}")
     config: dict[str, Any] = {"id": name}
     if level:
         try:

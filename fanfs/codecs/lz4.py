@@ -13,6 +13,7 @@ from .base import Codec, CodecError, register
 @register
 class Lz4(Codec):
     codec_id = "lz4"
+    option_forms = ("lz4", "lz4:LEVEL (1-12)")
 
     def __init__(self, level: int = 0) -> None:
         if not isinstance(level, int) or not 0 <= level <= 12:

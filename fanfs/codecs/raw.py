@@ -8,6 +8,7 @@ from .base import Codec, register
 @register
 class Raw(Codec):
     codec_id = "raw"
+    option_forms = ("raw",)
 
     def encode(self, data: bytes) -> bytes:
         return data

@@ -14,6 +14,7 @@ from .base import Codec, CodecError, register
 @register
 class Zstd(Codec):
     codec_id = "zstd"
+    option_forms = ("zstd", "zstd:LEVEL (1-22)")
 
     def __init__(self, level: int = 3, dictionary: bytes | None = None, dict_name: str | None = None) -> None:
         if not isinstance(level, int) or not 1 <= level <= 22:

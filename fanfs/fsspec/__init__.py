@@ -5,6 +5,10 @@ fsspec (``import fanfs`` and the command line never do).  fsspec finds it by the
 point; importing this package registers the protocol too (a checkout on ``PYTHONPATH`` has no entry point).
 """
 
+from ..errors import refuse_a_shadowed_package
+
+refuse_a_shadowed_package()  # before anything of the package is imported
+
 import fsspec
 
 from .filesystem import PROTOCOL, FanfsFileSystem, ReadOnlyError

@@ -21,6 +21,7 @@ from ..util.progress import Progress
 from ..util.source_file import OpenFile, SourceFile
 from ..util.files import open_regular
 from .members import Member, Spool
+from .names import join
 from .sources import DEFAULT_MAX_EXPANSION, Ingest
 from .tree import Tree
 
@@ -41,9 +42,14 @@ def against_sources(srcs: Sequence[str], *, expand_archives: bool | None = None,
             total = ingest.walk() or 0
             with Progress(total, "verify against", enabled=progress, unit="B", count_total=ingest.files_known()) as bar:
                 for n, (_, member) in enumerate(ingest.files(Spool(spool_dir, SPOOL_IN_MEMORY)), 1):
+                    if n == 1:
+                        _same_folders(store, member.path)  # before reading them all
                     _content(store, member, problem)
                     bar.update_to(ingest.position(), count=n)
-            _metadata(store, ingest.finish(), problem)
+            tree = ingest.finish()
+            if len(tree.paths) > 1:
+                _same_folders(store, tree.paths[1])  # sources without files
+            _metadata(store, tree, problem)
         finally:
             ingest.close()
             shutil.rmtree(spool_dir, ignore_errors=True)
@@ -51,9 +57,23 @@ def against_sources(srcs: Sequence[str], *, expand_archives: bool | None = None,
     return compare
 
 
+def _same_folders(store: Store, path: bytes) -> None:
+    """Stop at once, with one line, where the sources' ``path`` is not in the store but is under a folder the store put
+    its sources in (``PREFIX=SRC`` at pack, not at verify): else every entry would be a difference."""
+    recorded = store.meta.get("sources", [])
+    folders = [os.fsencode(source["prefix"]) for source in recorded if source.get("prefix")]
+    if store.index.lookup(path) >= 0 or not any(store.index.lookup(join(folder, path)) >= 0 for folder in folders):
+        return
+    shown = ", ".join(f"{os.fsdecode(folder)}/" for folder in folders)
+    given = " ".join(f"{source['prefix']}={source['path']}" if source.get("prefix") else source["path"]
+                     for source in recorded)
+    raise FanfsError(f"the store puts its sources under PREFIX folders ({shown}) and the sources given do not: give "
+                     f"--against PREFIX=SRC as pack had them (--against {given})")
+
+
 def _content(store: Store, member: Member, problem: Callable[[str], None]) -> None:
     name = os.fsdecode(member.path)
-    entry = store.lookup(member.path)
+    entry = store.index.lookup(member.path)
     if entry < 0 or int(store.index.type[entry]) != FILE:
         return  # said by _metadata, with the tree
     source: SourceFile

@@ -1,4 +1,5 @@
-"""A directory tree walked into the tree builder: breadth first, children sorted, no symlink followed.
+"""A directory tree walked into the tree builder: breadth first, children sorted, no symlink followed; and a single
+file given as a source, walked as a tree of that one file.
 
 Works on bytes paths throughout so that any legal file name (non-UTF-8, 255 bytes) survives.  Special files
 are skipped and noted.  A second name of a file already walked (a hard link) becomes that file in the index,
@@ -39,6 +40,35 @@ class WalkedDirectory:
             rel = path[len(self.prefix) + 1:] if self.prefix else path
             yield file_id, Member(path, FILE, 0, mtime, size, data=os.path.join(self.root, rel),
                                   where=f"{label}/{os.fsdecode(rel)}", origin=origin)
+
+
+@dataclass
+class WalkedFile(WalkedDirectory):
+    """A regular file given as a source: its name as given, its bytes read where it lies (through a symlink given)."""
+
+    data: bytes = b""
+
+    def files(self, builder: TreeBuilder, origin: int, label: str) -> Iterator[tuple[int, Member]]:
+        for file_id in self.ids:
+            path, size, mtime = builder.path_size_mtime(file_id)
+            yield file_id, Member(path, FILE, 0, mtime, size, data=self.data, where=label, origin=origin)
+
+
+def walk_file(builder: TreeBuilder, src: str, origin: int, prefix: bytes = b"") -> WalkedFile:
+    """Regular file ``src`` into ``builder``: at the tree's root, or in folder ``prefix`` (made as an archive's is)."""
+    real = os.fsencode(os.path.realpath(src))
+    try:
+        st = os.stat(real)
+    except OSError as err:
+        raise IngestError(f"cannot read source {src}: {err.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise IngestError(f"source {src} is no longer a regular file: pack again once nothing changes it")
+    if prefix:
+        builder.add(Member(prefix, DIR, stat.S_IFDIR | 0o755, st.st_mtime_ns, where=src, origin=origin))
+    name = join(prefix, os.fsencode(os.path.basename(os.path.abspath(src))))
+    walked = WalkedFile(os.path.dirname(real), prefix, data=real, bytes=st.st_size)
+    walked.ids.append(builder.add(Member(name, FILE, st.st_mode, st.st_mtime_ns, st.st_size, where=src, origin=origin)))
+    return walked
 
 
 def walk_into(builder: TreeBuilder, src: str, origin: int, expand: bool,

@@ -1,11 +1,12 @@
 """What ``fanfs pack SRC... STORE`` reads: directories and archives, merged into one tree.
 
-Each SRC is a directory, an archive file (tar, plain or gzip/bzip2/xz/zstd-compressed, or zip), or ``-``: a tar
-stream on standard input.  Their contents merge at the tree's root (a WebDataset shard set becomes one
-directory of samples), or under a folder: ``PREFIX=SRC`` (``train=ILSVRC2012_img_train.tar
-val=ILSVRC2012_img_val.tar``: one store, its two splits side by side).  An argument that names an existing path
-is that path, ``=`` or not.  Directories are walked first, so the bytes to pack are known before the first shard
-is cut; archives are streamed after, one pass each, their members handed on as they come.
+Each SRC is a directory, an archive file (tar, plain or gzip/bzip2/xz/zstd-compressed, or zip), ``-``: a tar
+stream on standard input, or any other regular file: a tree of that one file (a labels file beside the images).
+Their contents merge at the tree's root (a WebDataset shard set becomes one directory of samples), or under a
+folder: ``PREFIX=SRC`` (``train=ILSVRC2012_img_train.tar val=ILSVRC2012_img_val.tar``: one store, its two splits
+side by side).  An argument that names an existing path is that path, ``=`` or not.  Directories and single files
+are walked first, so the bytes to pack are known before the first shard is cut; archives are streamed after, one
+pass each, their members handed on as they come.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .archives import Budget, Expander
-from .directory import WalkedDirectory, walk_into
+from .directory import WalkedDirectory, walk_file, walk_into
 from .members import DIR, IngestError, Member, Spool
-from .names import NAME_MAX
+from .names import NAME_MAX, expanded_name, show
 from .streams import Counted, kind_of
 from .tree import Tree, TreeBuilder
 from .zip import has_zip_directory
@@ -34,8 +35,8 @@ _SUFFIX = {"gzip": "tar.gz", "bzip2": "tar.bz2", "xz": "tar.xz", "zstd": "tar.zs
 class Source:
     label: str  # as the user gave it ("-" is "standard input")
     path: str  # absolute, or "-"
-    kind: str  # "directory", "tar", "tar.gz", "tar.bz2", "tar.xz", "tar.zst" or "zip"
-    size: int | None  # bytes to pack (a directory's files) or the archive's bytes; None for a pipe
+    kind: str  # "directory", "file" (one regular file), "tar", "tar.gz", "tar.bz2", "tar.xz", "tar.zst" or "zip"
+    size: int | None  # bytes to pack (a directory's files, a file's) or the archive's bytes; None for a pipe
     raw: Counted | None = None  # an archive's bytes, as read
     mtime: int = 0
     walked: WalkedDirectory | None = None
@@ -53,7 +54,11 @@ def split_source(arg: str) -> tuple[bytes, str]:
     text, _, src = arg.partition("=")
     prefix = os.fsencode(text)
     parts = prefix.split(b"/")
-    if not text or any(part in (b"", b".", b"..") or len(part) > NAME_MAX for part in parts):
+    long = next((part for part in parts if len(part) > NAME_MAX), None)
+    if long is not None:
+        raise IngestError(f"source {show(prefix)}=...: its PREFIX has a part of {len(long):,} bytes, longer than the "
+                          f"{NAME_MAX} a file name may have: give a shorter folder")
+    if not text or any(part in (b"", b".", b"..") for part in parts):
         raise IngestError(f"source {arg}: PREFIX=SRC needs a relative folder as PREFIX (like train or a/b: no empty, "
                           "'.' or '..' part, no leading '/'), or name an existing path")
     if not src:
@@ -104,13 +109,15 @@ class Ingest:
             fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as err:
             raise IngestError(f"cannot read source {src}: {err.strerror}") from None
-        source = self._archive(src, os.path.abspath(src), fd)
+        source = self._archive(src, os.path.abspath(src), fd, regular=stat.S_ISREG(st.st_mode))
         source.size = st.st_size if stat.S_ISREG(st.st_mode) else None
         source.mtime = st.st_mtime_ns
         return source
 
-    def _archive(self, label: str, path: str, fd: int) -> Source:
-        """An archive source read from ``fd`` (0: standard input), its kind told by its first bytes."""
+    def _archive(self, label: str, path: str, fd: int, regular: bool = False) -> Source:
+        """An archive source read from ``fd`` (0: standard input), its kind told by its first bytes.  A ``regular``
+        file that is no archive is a tree of that one file (``fd`` is then closed), unless its name says archive:
+        a damaged or partial one is an error, never packed as a file."""
         raw = Counted(fd)
         try:
             try:
@@ -120,9 +127,14 @@ class Ingest:
             kind = kind_of(head)
             if kind is None and fd and has_zip_directory(fd):  # a self-extracting zip, as unzip reads it
                 kind = "zip"
+            named = regular and expanded_name(os.fsencode(os.path.basename(path))) is not None
+            if kind is None and regular and not named:
+                os.close(fd)
+                return Source(label, path, "file", None)
             if kind is None:
                 what = "empty" if not head else "neither a directory nor an archive fanfs reads (tar, tar.gz/bz2/xz/zst, zip)"
-                raise IngestError(f"source {label} is {what}")
+                raise IngestError(f"source {label} is {what}" + (": its name says archive (a damaged or partial copy?), "
+                                                                 "so it is not packed as a single file" if named else ""))
             if kind == "zip" and not (fd and stat.S_ISREG(os.fstat(fd).st_mode)):
                 raise IngestError(f"source {label} is a zip archive on a pipe: a zip's directory is at its end, so "
                                   "fanfs reads zips from files; give the file's path (or pipe a tar)")
@@ -133,13 +145,17 @@ class Ingest:
         return Source(label, path, _SUFFIX[kind], None, raw)
 
     def walk(self) -> int | None:
-        """Walk the directory sources into the tree; the bytes to pack, or None where a pipe's size is unknown."""
+        """Walk the directory and file sources into the tree; the bytes to pack, or None where a pipe's size is
+        unknown."""
         total: int | None = 0
         for origin, source in enumerate(self.sources):
             if source.kind == "directory":
                 source.walked = walk_into(self.builder, source.path, origin, self.expand, self.skip, source.prefix)
                 source.size = source.walked.bytes + sum(os.path.getsize(os.path.join(source.walked.root, rel))
                                                         for rel, _, _ in source.walked.archives)
+            elif source.kind == "file":
+                source.walked = walk_file(self.builder, source.label, origin, source.prefix)
+                source.size = source.walked.bytes
             total = None if total is None or source.size is None else total + source.size
         return total
 

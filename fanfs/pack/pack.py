@@ -201,8 +201,7 @@ def _pack_into(tmp: str, ingest: Ingest, total: int | None, opts: PackOptions, r
                started: float, finished: dict[str, int]) -> PackReport:
     store_id = uuid.uuid4().bytes
     codecs, default_codec, raw_codec = _codec_table(opts)
-    archives = any(source.kind != "directory" or source.walked and source.walked.archives
-                   for source in ingest.sources)
+    archives = any(source.walked is None or source.walked.archives for source in ingest.sources)  # streamed members
     target = shard_target(total, opts.shard_size, held=archives)
     spool = Spool(os.path.join(tmp, "spool"), in_memory=target)
     results: list[ShardResult] = []

@@ -224,6 +224,10 @@ class RecordKind:
         """What pack says once about a store this instance packed (e.g. that it is lossy)."""
         return []
 
+    def kept_as(self, reason: str) -> str:
+        """How pack's list of the files this kind let go says what became of one, given why: as is, by default."""
+        return "kept as is"
+
     def plan_record_problem(self, class_name: str, record: Mapping[str, Any]) -> str | None:
         """Why a plan's content class ``class_name`` cannot name ``record`` (of this kind); None if it can."""
         return f"{self.label} are not chosen by a plan"

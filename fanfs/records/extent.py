@@ -33,6 +33,8 @@ EXTENT_MIN = 256 << 10
 FORMAT = 5
 LARGE_RATE = 1e9
 """The bytes/s a training reads large files at, by default (``pack --large-rate``): a node's SSD to one reader."""
+HOLES = "it has holes, stored as nothing"
+"""Why a file with holes stays chunked (any other reason: its codec compresses it)."""
 
 
 @register
@@ -78,7 +80,7 @@ class Extents(PlainFiles):
         if size < EXTENT_MIN:
             return ""
         if any(source.data_from(pos) >= min(size, pos + CHUNK_SIZE) for pos in range(0, size, CHUNK_SIZE)):
-            return "it has holes, stored as nothing"
+            return HOLES
         if raw or self.mode == "always":
             return None
         sample = b"".join(source.pread(CHUNK_SIZE, pos) for pos in sorted({0, size // 2 // CHUNK_SIZE * CHUNK_SIZE}))
@@ -93,6 +95,10 @@ class Extents(PlainFiles):
             return None  # decoding would slow the reads the training needs more than the bytes it saves are worth
         return (f"{codec.spec} saves {saves:.0%} of a sample and decodes it at "
                 f"{human_rate(speed)}, fast enough for {human_rate(self.rate)} (--large-rate)")
+
+    def kept_as(self, reason: str) -> str:
+        """A file that compresses stays chunked and is kept compressed; one with holes is kept chunked."""
+        return "kept chunked" if reason == HOLES else "kept compressed"
 
     def adopt(self, packed: Packed) -> Packed:
         """A plain file's chunks (no holes) as an extent's: stored as they are, from a page boundary."""

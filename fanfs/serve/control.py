@@ -11,6 +11,7 @@ the same point is refused instead of stacking on the first.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -24,6 +25,7 @@ from typing import Any
 from ..errors import FanfsError, UsageError
 from .. import records
 from ..records import FULL
+from ..util.mounts import mounted
 from ..util.runtime import create_private, runtime_dir
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -64,6 +66,36 @@ def _address(path: str) -> Iterator[str]:
 
 class ControlError(FanfsError, OSError):
     """No fanfs daemon answers for that mount point, or it refused the request."""
+
+
+class DaemonEnded(ControlError):
+    """A dead mount: its daemon ended (a kill -9, the OOM killer) without unmounting it."""
+
+
+def _connect(sock: socket.socket, mountpoint: str) -> None:
+    """Connect to the daemon of ``mountpoint``.  Its socket there with nothing listening, on a mount point that is
+    still mounted, is a daemon that ended without unmounting (it removes its socket as it ends): said so."""
+    path = socket_path(mountpoint)
+    try:
+        with _address(path) as address:
+            sock.connect(address)
+    except OSError as err:
+        if err.errno == errno.ECONNREFUSED and mounted(mountpoint):
+            raise DaemonEnded(f"{mountpoint} is a dead mount: its fanfs daemon has ended (killed?); 'fanfs umount "
+                              f"{mountpoint}' removes it, then mount again") from None
+        raise ControlError(f"no fanfs daemon answers for {mountpoint} ({err.strerror})") from None
+
+
+def daemon_ended(mountpoint: str) -> bool:
+    """Whether ``mountpoint`` is a dead mount of this user's fanfs (:class:`DaemonEnded`)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            _connect(sock, mountpoint)
+        except DaemonEnded:
+            return True
+        except ControlError:
+            pass
+    return False
 
 
 class MountLock:
@@ -118,14 +150,9 @@ def _peer_uid(sock: socket.socket) -> int:
 
 def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
     """Send one request to the daemon of ``mountpoint`` and return its JSON answer."""
-    path = socket_path(mountpoint)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        try:
-            with _address(path) as address:
-                sock.connect(address)
-        except OSError as err:
-            raise ControlError(f"no fanfs daemon answers for {mountpoint} ({err.strerror})") from None
+        _connect(sock, mountpoint)
         if _peer_uid(sock) != os.getuid():
             raise ControlError(f"the control socket of {mountpoint} is served by uid {_peer_uid(sock)}, not by you: "
                                "refusing to talk to it")

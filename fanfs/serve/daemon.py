@@ -72,8 +72,8 @@ def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
     """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon
     will open (``opened``: what it is -> path): through its own mount, the daemon would wait on itself."""
     if mounted(mountpoint):
-        dead = "" if os.path.ismount(mountpoint) else " whose daemon has ended (it answers 'Transport endpoint is " \
-            "not connected')"
+        alive = os.path.ismount(mountpoint) and not control.daemon_ended(mountpoint)  # a dead root may stat from cache
+        dead = "" if alive else " whose daemon has ended (it answers 'Transport endpoint is not connected')"
         raise StoreError(f"{mountpoint} is already a mount point{dead}: 'fanfs umount {mountpoint}' first")
     if not os.path.lexists(mountpoint):
         raise StoreError(f"mount point {mountpoint} does not exist: create it first (mkdir -p {mountpoint})")
@@ -196,6 +196,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
 
     configure_server()
     started = time.monotonic()
+    layered = bool(store.index.layers.size) and int(store.index.layers.max()) > 1  # stats then show bytes per layer
     hooks = hooks or Hooks()
     processes = None  # the serving processes, once forked (fanfs.serve.workers)
 
@@ -224,6 +225,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
         return {"store": store.root, **fs.presentation, "workers": options.workers, "readahead": fs.readahead(),
                 "reads_by_process": [part["reads"] for part in parts], **summed,
                 "notes": presentation_notes(store.index, fs.presentation), "side_names": side_names(store.index),
+                "layered": layered,
                 "seconds": round(time.monotonic() - started, 3),
                 **(hooks.extra_stats(summed) if hooks.extra_stats else {})}
 
@@ -376,6 +378,8 @@ def wait_ready(mountpoint: str, timeout: float) -> dict:
         try:
             if os.path.ismount(mountpoint):
                 return control.request(mountpoint, {"cmd": "status"}, timeout=5)
+        except control.DaemonEnded:
+            raise
         except control.ControlError:
             pass
         if time.monotonic() > deadline:

@@ -77,8 +77,9 @@ def _codec_note(info: dict[str, Any]) -> str:
                                                                     "smaller than the source's)" if jpeg else "")
             + "\nstored: their bytes in the shards" + (", resolution tiers included (a ratio can fall below 1)" if tiers
                                                          else "")
-            + ("; raw: no compression (JPEG scans are compressed already)" if any(c["codec"] == "raw" for c in
-                                                                                 info["codecs"]) else ""))
+            + ("; raw: stored as they are (compression would not pay" + ("; JPEG scans are compressed already"
+                                                                          if jpeg else "") + ")"
+               if any(c["codec"] == "raw" for c in info["codecs"]) else ""))
 
 
 def format_info(info: dict[str, Any]) -> str:

@@ -8,6 +8,10 @@ torch is imported only when a function needs it (torch 2.13.0, the CPU build: th
 ``.venv/bin/pip install -e '.[torch]'`` in the checkout).
 """
 
+from ..errors import refuse_a_shadowed_package
+
+refuse_a_shadowed_package()  # before anything of the package is imported
+
 from .gradient import FidelityChoice, choose_fidelity
 from .fidelity_schedule import fidelity_levels, fidelity_schedule
 from .order import OrderSampler

@@ -34,9 +34,27 @@ def _device_at(target: bytes) -> str | None:
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             fields = line.split(b" ")
-            if _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8)]), fields[4]) == target:
+            if _unescape(fields[4]) == target:
                 device = fields[2].decode()  # the last line for a path is the mount on top
     return device
+
+
+def fanfs_mounts_of(store: str | os.PathLike) -> list[str]:
+    """The mount points of fanfs mounts that serve the store at ``store`` (a fanfs mount's source is ``fanfs:`` and the
+    store's absolute path, as its daemon was given it), from /proc/self/mountinfo.  Compared as text, with the store's
+    absolute and real paths: resolving every mount's path could wait for ever on a stalled network file system."""
+    found = []
+    want = {b"fanfs:" + os.fsencode(path) for path in (os.path.abspath(store), os.path.realpath(store))}
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split(b" ")
+            if _unescape(fields[fields.index(b"-") + 2]) in want:
+                found.append(os.fsdecode(_unescape(fields[4])))
+    return found
+
+
+def _unescape(field: bytes) -> bytes:
+    return _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8)]), field)
 
 
 def unmount(mountpoint: str | os.PathLike, lazy: bool = False) -> subprocess.CompletedProcess:
