@@ -76,6 +76,9 @@ class OrderFollower:
     """Follows the readers' streams, issuing fetches ahead of them; a subclass plans and makes the fetches."""
 
     what = "read ahead"
+    inline = False
+    """Whether a fetch is made by the coordinating thread itself (one that only asks the kernel and returns: a pool's
+    threads cost more than the call), not by the pool's."""
 
     @property
     def how(self) -> str:
@@ -215,7 +218,10 @@ class OrderFollower:
         self.take(item)
         self._issued.append(item)
         self.counts["files"] += 1
-        self._pool.submit(self._fetch, item)
+        if self.inline:
+            self._fetch(item)
+        else:
+            self._pool.submit(self._fetch, item)
         return True
 
     def _fetch(self, item: Issued) -> None:

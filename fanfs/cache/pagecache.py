@@ -32,6 +32,7 @@ class PageCacheAhead(OrderFollower):
     """Has the kernel read the next files' blobs from this node's files into its page cache, within ``budget`` bytes."""
 
     what = "reading ahead"
+    inline = True  # posix_fadvise queues the reads and returns: measured, 6 pool threads took 40% of the daemon's CPU
 
     @property
     def how(self) -> str:
