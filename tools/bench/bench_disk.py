@@ -36,21 +36,26 @@ import numpy as np
 
 import bench_read as br
 import benchlib as bl
-from bench_large import drop_caches
+from bench_large import drop_caches, load
 
 sys.path.insert(0, str(bl.REPO))
 from fanfs.store import Store  # noqa: E402
 from fanfs.train.shards import shard_aware_order  # noqa: E402
 
 PASSES = ("cold", "evicted")
-LARGE = {"1 MiB": 1 << 20, "30 MB": 30_000_000}
+LARGE = {"1MiB": ("random bytes, 1 MiB", 1 << 20), "30MB": ("random bytes, 30 MB", 30_000_000),
+         "h5f32": ("HDF5 of float32 noise, 1 MiB, read with h5py", 1 << 20)}
+"""Large-file sets: key -> (what, file size).  h5f32 is a scientist's case (issue 41): values zstd:3 shrinks by 7-13%."""
 
 
-def read_share(args: tuple[str, list[str], int]) -> int:
-    """One reader process's share: each file opened, read whole, closed (buffered or not); the bytes read."""
-    root, rels, buffering = args
-    if buffering:
+def read_share(args: tuple[str, list[str], str]) -> int:
+    """One reader process's share: each file opened, read whole, closed (buffered, unbuffered, or loaded with h5py:
+    its header's small reads, then its dataset); the bytes read (h5py: of the dataset)."""
+    root, rels, how = args
+    if how == "buffered":
         return br.read_all(root, rels)
+    if how == "h5py":
+        return sum(load(os.path.join(root, rel)) for rel in rels)
     total, buf = 0, bytearray(1 << 20)
     for rel in rels:
         fd = os.open(os.path.join(root, rel), os.O_RDONLY)
@@ -60,6 +65,21 @@ def read_share(args: tuple[str, list[str], int]) -> int:
         finally:
             os.close(fd)
     return total
+
+
+def make_large(src: Path, key: str, total: int) -> tuple[list[str], int]:
+    """A large-file set in ``src``: its files and the bytes a pass reads."""
+    import h5py
+    _, size = LARGE[key]
+    rng = np.random.default_rng(size)
+    rels = [f"f{i:05d}.{'h5' if key == 'h5f32' else 'bin'}" for i in range(max(1, total // size))]
+    for rel in rels:
+        if key == "h5f32":
+            with h5py.File(src / rel, "w") as f:
+                f.create_dataset("x", data=rng.standard_normal(size // 4).astype(np.float32))
+        else:
+            (src / rel).write_bytes(rng.bytes(size))
+    return rels, len(rels) * size
 
 
 class Systems:
@@ -124,12 +144,12 @@ def tell_order(root: Path, rels: list[str], work: Path) -> None:
 
 
 def run_set(systems: Systems, pool: mp.pool.Pool, src: Path, name: str, orders: dict[str, list[str]],
-            modes: dict[str, int], total: int, rates: dict, cpu: dict, rep: int) -> None:
+            modes: list[str], total: int, rates: dict, cpu: dict, rep: int) -> None:
     """Every pass of every (order, mode) on every system; figures into ``rates`` and ``cpu``."""
     large = name != "small"
     n = systems.args.readers
     for order_name, rels in orders.items():
-        for mode, buffering in modes.items():
+        for mode in modes:
             for system in systems.names(large):
                 told = order_name in ("known", "shard") and system.startswith("fanfs")
                 line = []
@@ -141,7 +161,7 @@ def run_set(systems: Systems, pool: mp.pool.Pool, src: Path, name: str, orders: 
                         if told:
                             tell_order(root, rels, systems.work)
                         used, started = br.cpu_seconds(pid), time.perf_counter()
-                        got = sum(pool.map(read_share, [(str(root), rels[i::n], buffering) for i in range(n)], chunksize=1))
+                        got = sum(pool.map(read_share, [(str(root), rels[i::n], mode) for i in range(n)], chunksize=1))
                         seconds = time.perf_counter() - started
                         if got != total:
                             raise RuntimeError(f"{system} {name} {order_name} {pas}: read {got} bytes, expected {total}")
@@ -177,7 +197,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default="/var/tmp", help="a directory on a disk for everything (default /var/tmp)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
-    parser.add_argument("--sets", default="small,1 MiB,30 MB", help="which data: small, '1 MiB', '30 MB' (default all)")
+    parser.add_argument("--sets", default="small,1MiB,30MB,h5f32",
+                        help=f"which data: small (JPEGs) and large files: {', '.join(f'{k} ({v[0]})' for k, v in LARGE.items())}"
+                             " (default all)")
     parser.add_argument("--files", type=int, default=3000, help="small files (default 3000)")
     parser.add_argument("--size", type=int, default=110, metavar="KB", help="mean small-file size (default 110 KB)")
     parser.add_argument("--large-total", type=int, default=300_000_000, metavar="BYTES",
@@ -200,35 +222,30 @@ def main() -> int:
     print(f"load average before: {bl.load_average()}")
     with bl.temp_dir(args.dir, "fanfs-bench-disk-") as work, mp.get_context("fork").Pool(args.readers) as pool:
         systems = Systems(args, work)
-        data: dict[str, tuple[Path, dict[str, list[str]], dict[str, int], int]] = {}
+        data: dict[str, tuple[Path, dict[str, list[str]], list[str], int]] = {}
         if "small" in sets:
             src = work / "small"
             src.mkdir()
             rels, total = br.build_tree(src, args.files, args.size, 40)
             systems.prepare(src, "small")
-            data["small"] = (src, small_orders(rels, work / "small.fanfs", args), {"buffered": -1, "unbuffered": 0},
+            data["small"] = (src, small_orders(rels, work / "small.fanfs", args), ["buffered", "unbuffered"],
                              total)
             print(f"small: {len(rels):,} JPEGs, {total / 1e6:,.0f} MB", flush=True)
-        for name, size in LARGE.items():
-            if name in sets:
-                src = work / name.replace(" ", "")
+        for key in LARGE:
+            if key in sets:
+                src = work / key
                 src.mkdir()
-                rng = np.random.default_rng(size)
-                rels = [f"f{i:05d}.bin" for i in range(max(1, args.large_total // size))]
-                for rel in rels:
-                    (src / rel).write_bytes(rng.bytes(size))
-                systems.prepare(src, name.replace(" ", ""))
-                data[name] = (src, {"random": [rels[i] for i in rng.permutation(len(rels))]}, {"unbuffered": 0},
-                              size * len(rels))
-                print(f"{name}: {len(rels):,} files", flush=True)
+                rels, total = make_large(src, key, args.large_total)
+                systems.prepare(src, key)
+                order = [rels[i] for i in np.random.default_rng(len(rels)).permutation(len(rels))]
+                data[key] = (src, {"random": order}, ["h5py" if key == "h5f32" else "unbuffered"], total)
+                print(f"{key}: {len(rels):,} files ({LARGE[key][0]})", flush=True)
         for rep in range(args.repeat):
             for name, (src, orders, modes, total) in data.items():
-                run_set(systems, pool, src, name.replace(" ", "") if name != "small" else name, orders, modes, total,
-                        rates, cpu, rep)
+                run_set(systems, pool, src, name, orders, modes, total, rates, cpu, rep)
     print(f"load average after: {bl.load_average()}")
     for name in data:
-        key = name.replace(" ", "") if name != "small" else name
-        report(key, systems.names(name != "small"), systems.peers, rates, cpu, args.repeat)
+        report(name, systems.names(name != "small"), systems.peers, rates, cpu, args.repeat)
     bl.write_json(args.json, {"args": vars(args), "rates": [[*k, v] for k, v in rates.items()],
                               "cpu": [[*k, v] for k, v in cpu.items()]})
     return 0
