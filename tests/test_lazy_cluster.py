@@ -81,21 +81,25 @@ def test_a_daemon_killed_while_it_fetches_for_a_peer(photos, tmp_path, monkeypat
     store, names, expected = photos
     index = Store(str(store), check_shards=False).index
     placement = place(index.blob_stored, NODES, 1)
-    theirs = [n for n in names if n.endswith(".jpg")
-              and placement.primary(int(index.first[index.lookup(n.encode())])) == 1
-              and placement.holds_range(1, int(index.first[index.lookup(n.encode())]),
-                                        int(index.count[index.lookup(n.encode())]))]
+
+    def held_whole(rank: int) -> list[str]:
+        """The photos whose every blob only ``rank`` holds."""
+        entries = {n: index.lookup(n.encode()) for n in names if n.endswith(".jpg")}
+        return [n for n, e in entries.items() if placement.primary(int(index.first[e])) == rank
+                and placement.holds_range(rank, int(index.first[e]), int(index.count[e]))]
+    rank = next(r for r in range(1, NODES) if len(held_whole(r)) >= 4)  # a peer of the reader's node
+    theirs = held_whole(rank)
     with monkeypatch.context() as patch:
         inject(patch, "fanfs.cache.localcache:FILL_DELAY=60")  # every node: a fill waits with half its copy written
         job = Job(store, tmp_path, 1, "--stage", "lazy")
     with job:
-        victim = job.pid(1)
+        victim = job.pid(rank)
         ctx = mp.get_context("fork")
         out = ctx.Queue()
         reader = ctx.Process(target=lambda: out.put(read(job.mounts[0] / theirs[0])))
         reader.start()
         deadline = time.monotonic() + 30
-        while not (states(tmp_path / "local1") == FILLING).any():  # rank 1 fetches it for rank 0, slowly
+        while not (states(tmp_path / f"local{rank}") == FILLING).any():  # the peer fetches it for rank 0, slowly
             assert time.monotonic() < deadline
             time.sleep(0.02)
         os.kill(victim, signal.SIGKILL)
@@ -133,7 +137,7 @@ def test_a_quarter_of_the_share_with_the_order_known(photos, tmp_path):  # noqa:
         assert ahead["files"] > 0 and ahead["failed"] == 0 and cache["held_bytes"] <= capacity
         assert cache["hit_blobs"] > 0
     assert sum(s["prefetch"]["from_peers"] for s in stats) > 0 and sum(s["prefetch"]["from_shared"] for s in stats) > 0
-    assert "files fetched ahead of the readers" in text
+    assert "files read ahead of the readers" in text
 
 
 def test_a_node_without_a_mount_fills_its_cache_for_in_process_readers(photos, tmp_path):  # noqa: F811
