@@ -20,6 +20,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -201,6 +202,65 @@ def test_a_mount_staged_at_k_reads_the_layers_above_from_a_frozen_store_in_time(
         finally:
             frozen.thaw()
     gone(pids)
+
+
+HOLD_SSHFS = """
+import os, sys, threading
+fds = [os.open(path, os.O_RDONLY) for path in sys.argv[1:]]
+sys.stdin.readline()
+readers = [threading.Thread(target=os.pread, args=(fd, 4096, 0)) for fd in fds]
+for reader in readers:
+    reader.start()
+for reader in readers:
+    reader.join()
+"""
+"""Opens files on sshfs, then, told to, reads each in a thread of its own: a process that never forks, since a child
+closing the descriptors it inherited (``subprocess``'s ``close_fds``) would wait on the frozen server too."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_umount_ends_the_daemon_while_every_thread_of_sshfs_waits_on_the_frozen_server(frozen, tmp_path, workers):
+    """Issue 39.6: other readers of the frozen store hold every thread of sshfs (10), so a close of a file on it waits
+    too (sshfs answers a flush from a thread).  A daemon closing its shards at its end waited so, and ``fanfs umount``
+    killed it after 20 s; with ``--workers 2`` a serving process's exit also closed them, waiting interruptibly, and
+    was taken for a process still running.  Now the daemon ends by itself, its threads in the kernel left there."""
+    others = []
+    for i in range(16):  # one sshfs thread each, once read (opened while it answers)
+        others.append(frozen.base / "store" / f"other{i}")
+        others[-1].write_bytes(os.urandom(65536))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_SSHFS, *(frozen.path / path.name for path in others)],
+                              stdin=subprocess.PIPE, text=True)
+    try:
+        with mounted(frozen.path, tmp_path / "mnt", "--store-timeout", TIMEOUT, "--workers", workers) as mnt:
+            try:
+                assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]
+                frozen.freeze()
+                assert frozen.read(mnt / "f4.bin") == "EIO"
+                holder.stdin.write("read\n")
+                holder.stdin.flush()
+                while _waiting_in_the_kernel(holder.pid) < len(others):  # sent to sshfs, or queued: no thread free
+                    assert holder.poll() is None
+                    time.sleep(0.05)
+                pids = umount_frozen(mnt)
+            finally:
+                frozen.thaw()
+        gone(pids)
+    finally:
+        frozen.thaw()
+        holder.stdin.close()
+        holder.wait(timeout=120)
+
+
+def _waiting_in_the_kernel(pid: int) -> int:
+    """Threads of process ``pid`` but its first that sleep in the kernel, not on a lock (a futex): in a read."""
+    waiting = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if task.name != str(pid) and state in ("S", "D") and not (task / "wchan").read_text().startswith("futex"):
+                waiting += 1
+    return waiting
 
 
 @pytest.mark.slow

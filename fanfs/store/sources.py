@@ -175,9 +175,12 @@ class LocalShards(ShardSource):
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
+            fds, self._fds = list(self._fds.values()), {}
+        if self.deadline is not None:
+            self.deadline.close(fds)  # a close may wait on a stalled server too (sshfs's flush)
+        else:
+            for fd in fds:
                 os.close(fd)
-            self._fds.clear()
 
     def stop_waiting(self) -> None:
         if self.deadline is not None:

@@ -182,6 +182,23 @@ class Deadline:
                 call.error = Stalled("not read: the mount is ending")
                 call.done.set()
 
+    def close(self, fds: list[int]) -> None:
+        """Close descriptors of files on this file system.  On a FUSE one (sshfs) a close asks its server too (a
+        flush), which a stalled server leaves waiting, as a read: so a thread of its own closes them, waited on for
+        ``seconds`` at most, and not at all while the file system is stalled or once the mount ends (they are closed
+        when it answers, or by the process's exit, which then waits in the kernel, not in fanfs)."""
+        closing = threading.Thread(target=_close_all, args=(fds,), name="fanfs-store-close", daemon=True)
+        closing.start()
+        with self._lock:
+            wait = not self._stopped and not self._clock[0]
+        if wait:
+            closing.join(self.seconds)
+
     def after_fork(self) -> None:
         """In a forked child: no thread of the parent's is here (nor stuck); the stall, if any, is shared."""
         self._start()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
