@@ -20,6 +20,7 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..store.format import INDEX_NAME, SHARD_DIR, SHARD_HEADER, shard_name
 from ..store.index import Index
 from ..store.sources import HeldShards
 from ..util.checksum import checksum
+from ..util.deadline import Deadline, Stalled, close_within, deadline_for, within
 from ..util.privacy import file_mode, readable_by_others
 from ..util.files import open_regular
 from ..util.progress import Progress
@@ -175,15 +177,17 @@ def _bad_blobs(fd: int, part: ShardPart, index: Index) -> np.ndarray:
                      if checksum(os.pread(fd, size, offset)) != expected[i]], np.int64)
 
 
-def _copy_blobs(src_fd: int, dst_fd: int, part: ShardPart, which: np.ndarray, index: Index, advance: Any) -> None:
-    """Copy blobs ``which`` of ``part``, adjacent ones as one range, each checked as it is read."""
+def _copy_blobs(read: Callable[[int, int], bytes], dst_fd: int, part: ShardPart, which: np.ndarray, index: Index,
+                advance: Any) -> None:
+    """Copy blobs ``which`` of ``part``, adjacent ones as one range (``read(length, offset)`` of the shared shard),
+    each checked as it is read."""
     offsets, sizes, blobs = part.offsets[which], part.sizes[which], part.blobs[which]
     expected = index.blob_checksum[blobs].tolist()
     starts = np.flatnonzero(np.r_[True, offsets[1:] != offsets[:-1] + sizes[:-1]])
     ends = np.r_[starts[1:], offsets.size]
     for a, b in zip(starts.tolist(), ends.tolist()):
         begin, length = int(offsets[a]), int(offsets[b - 1] + sizes[b - 1] - offsets[a])
-        data = os.pread(src_fd, length, begin)
+        data = read(length, begin)
         if len(data) != length:
             raise OSError(errno.EIO, f"short read of the shared shard ({len(data)} of {length} bytes)")
         view = memoryview(data)
@@ -197,15 +201,21 @@ def _copy_blobs(src_fd: int, dst_fd: int, part: ShardPart, which: np.ndarray, in
         advance(length)
 
 
-def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, advance: Any, mode: int) -> int:
+def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, advance: Any, mode: int,
+               reads: Deadline | None) -> int:
     """Make the local copy of one shard hold ``part`` intact, its mode no wider than ``mode``; returns the
-    bytes copied (0: it was)."""
+    bytes copied (0: it was).  ``reads``: the shared store's deadline (each of its reads waited on that long)."""
     name = shard_name(part.shard)
     dst = os.path.join(local_dir, name)
     size = int(index.shard_size[part.shard])
-    src_fd = open_regular(os.path.join(store_root, SHARD_DIR, name))
+    src = os.path.join(store_root, SHARD_DIR, name)
+    src_fd = within(reads, src, open_regular, src)
+
+    def read(length: int, offset: int) -> bytes:
+        return within(reads, src, os.pread, src_fd, length, offset)
+
     try:
-        header = os.pread(src_fd, SHARD_HEADER.size, 0)
+        header = read(SHARD_HEADER.size, 0)
         try:
             fd = os.open(dst, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
@@ -217,7 +227,7 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
                 if os.fstat(fd).st_size == size and os.pread(fd, SHARD_HEADER.size, 0) == header:
                     bad = _bad_blobs(fd, part, index)
                     if bad.size:
-                        _copy_blobs(src_fd, fd, part, bad, index, advance)
+                        _copy_blobs(read, fd, part, bad, index, advance)
                         os.fsync(fd)
                     return int(part.sizes[bad].sum())
             finally:
@@ -228,7 +238,7 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
             os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & mode)  # a leftover .tmp keeps its mode otherwise
             os.ftruncate(fd, size)
             os.pwrite(fd, header, 0)
-            _copy_blobs(src_fd, fd, part, np.arange(part.blobs.size), index, advance)
+            _copy_blobs(read, fd, part, np.arange(part.blobs.size), index, advance)
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -238,7 +248,7 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
         os.replace(tmp, dst)
         return part.nbytes
     finally:
-        os.close(src_fd)
+        close_within(reads, [src_fd])
 
 
 def stage(store_root: str, local_dir: str, replicas: int, world: World, index: Index, *,
@@ -249,10 +259,12 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     placement: Placement = place(index.blob_stored, world.size, replicas)
     report = NodeReport(world.rank)
     parts: list[ShardPart] = []
-    error = None
-    mode = file_mode(readable_by_others(os.path.join(store_root, INDEX_NAME)))
+    error, mode, reads = None, 0, None
     try:
-        make_local_dir(local_dir)
+        reads = deadline_for(os.path.join(store_root, SHARD_DIR))
+        index_path = os.path.join(store_root, INDEX_NAME)
+        mode = file_mode(within(reads, index_path, readable_by_others, index_path))
+        make_local_dir(local_dir)  # once the store answered: a stalled one leaves no directory made
         _forget_staged(local_dir)  # until this staging is complete, the directory holds no known presentation
         parts = held_parts(index, placement, world.rank, blobs_read(index, presentation))
         report.shards = len(parts)
@@ -261,11 +273,11 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
         if need > free:
             error = (f"{local_dir} has {human_size(free)} free but this node needs {human_size(need)} for its "
                      f"share of the store ({placement.replicas} replicas): use more nodes, fewer replicas or a bigger disk")
-    except FanfsError as err:
+    except (FanfsError, Stalled) as err:
         error = str(err)
     except OSError as err:
         error = f"{local_dir}: {err.strerror or err}"
-    world.agree(error)  # before any copying: a full disk anywhere stops the whole job
+    world.agree(error)  # before any copying: a full disk or a stalled store anywhere stops the whole job
 
     total = sum(world.allgather(sum(p.nbytes for p in parts)))
     bar = JobProgress(world, total, progress)
@@ -279,7 +291,10 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
 
     for part in parts:
         try:
-            copied = stage_part(store_root, local_dir, part, index, advance, mode)
+            copied = stage_part(store_root, local_dir, part, index, advance, mode, reads)
+        except Stalled as err:  # every later shard would fail alike: say it once
+            report.problems.append(str(err))
+            break
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):  # every later shard would fail alike: say it once
                 report.problems.append(f"{local_dir}: {err.strerror} after copying {human_size(done)} of "

@@ -16,6 +16,7 @@ from ..util.server import default_workers
 from ..util.units import human_size
 from .args import count, nonnegative_float, positive, positive_size, print_json, size
 from .presentation import add_presentation_options, known, presentation_values, resolved
+from .supervise import alone
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -29,13 +30,12 @@ def cmd_mount(args: argparse.Namespace) -> int:
         raise UsageError("--stage, --replicas and --no-mount need --local-dir")
     check_stage_options(args)
     args.foreground = args.foreground or args.no_mount  # a node serving without a mount stays attached
-    if args.store_timeout is not None:  # read where the store's sources are made: the daemon and a job's nodes too
-        os.environ[STORE_TIMEOUT_VARIABLE] = repr(args.store_timeout)
+    set_store_timeout(args)
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
     if not job:  # before auto values are measured (seconds to minutes): a bad mount point is known at once
-        from ..serve.daemon import check_mountpoint, opened_paths
-        check_mountpoint(os.path.abspath(args.mountpoint), opened_paths(args.store))
+        from ..serve.daemon import check_mountpoint
+        check_mountpoint(os.path.abspath(args.mountpoint), args.store)
     presentation = known(values) if job else resolved(args.store, values)
     options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,
                            allow_other="allow_other" in args.o, debug=args.debug,
@@ -62,6 +62,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from ..cache.stage import stage
     from ..peers.world import AgreedError, World, expand, load_index
     from ..records import check_presentation
+    set_store_timeout(args)
     world = World.detect()
     try:
         store = os.path.abspath(expand(args.store))
@@ -264,6 +265,20 @@ def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
     return lines
 
 
+def set_store_timeout(args: argparse.Namespace) -> None:
+    """``--store-timeout``, read where the store's sources are made (the daemon and a job's nodes too)."""
+    if args.store_timeout is not None:
+        os.environ[STORE_TIMEOUT_VARIABLE] = repr(args.store_timeout)
+
+
+def add_store_timeout_option(p: argparse.ArgumentParser) -> None:
+    """``--store-timeout SECONDS`` (mount, stage)."""
+    p.add_argument("--store-timeout", type=nonnegative_float, metavar="SECONDS",
+                   help=f"how long an access to a store on a network file system (NFS, sshfs, Lustre...) waits before "
+                        f"it fails, the store being stalled: a read with EIO, opening or staging it with an error "
+                        f"(${STORE_TIMEOUT_VARIABLE}; default {DEFAULT_SECONDS:g}; 0: for ever)")
+
+
 def check_stage_options(args: argparse.Namespace) -> None:
     """A capacity only bounds a cache filled as the node reads (mount, job serve)."""
     if args.capacity is not None and args.stage != "lazy":
@@ -288,6 +303,7 @@ def add_stage_options(p: argparse.ArgumentParser, stage: Any = "") -> None:
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     p = command("mount", cmd_mount, "mount a store read-only; returns once the mount serves")
+    p.set_defaults(supervised=alone)
     p.add_argument("store", help="the store directory ('fanfs pack' made it)")
     p.add_argument("mountpoint", help="an existing directory where the store's files appear")
     p.add_argument("--cache-size", type=size, default="1G", help="memory for decoded blobs (default 1G)")
@@ -309,10 +325,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     add_prefetch_option(p)
     p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for a peer before asking the next holder (default 5)")
-    p.add_argument("--store-timeout", type=nonnegative_float, metavar="SECONDS",
-                   help=f"how long a read waits on a store on a network file system (NFS, sshfs, Lustre...) before it "
-                        f"fails with EIO, the store being stalled (${STORE_TIMEOUT_VARIABLE}; default "
-                        f"{DEFAULT_SECONDS:g}; 0: for ever)")
+    add_store_timeout_option(p)
     p.add_argument("--no-mount", action="store_true",
                    help="where FUSE is not allowed: mount nothing, serve peers and in-process readers "
                         "(fsspec.filesystem('fanfs', node=MOUNTPOINT)) through MOUNTPOINT, a private directory made "
@@ -327,6 +340,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                                   "disk holds more; a mount above it reads the rest from the shared store")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="the report as JSON (per node: bytes copied, seconds)")
+    add_store_timeout_option(p)
+    p.set_defaults(supervised=alone)
 
     p = command("umount", cmd_umount, "unmount a fanfs mount and wait for its daemon to exit (a mount that has "
                 "ended already is no error: in a job, the first unmount ends every node's mount)")

@@ -26,6 +26,7 @@ from ..codecs import Codec, CodecError, codec_from_config
 from ..errors import DataError, FanfsError, NotHeld, StoreError, WouldWait
 from ..records import FULL, SIDE_LAYER, SIDE_LAYERS, Presentation, RecordKind, kind_table, kinds
 from ..records.base import Span
+from ..util.deadline import deadline_for, within
 from .stream import BlobCache, StreamChunks
 from .extents import ExtentPlaces
 from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, checksum, shard_name
@@ -80,7 +81,7 @@ class Store:
         node's placement and staged layers); by default every file's are, unless the store is on a network file
         system."""
         self.root = root
-        if not os.path.isdir(root):
+        if not within(deadline_for(root), root, os.path.isdir, root):  # a stalled file system: Stalled, not a hang
             raise StoreError(f"{root}: no such store directory")
         self.index = index if index is not None else Index(os.path.join(root, INDEX_NAME))
         meta = self.index.meta
