@@ -15,6 +15,7 @@ command then fails with one line.  A process whose thread waits in the kernel ca
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -228,12 +229,16 @@ class Deadline:
         flush), which a stalled server leaves waiting, as a read: so a thread of its own closes them, waited on for
         ``seconds`` at most, and not at all while the file system is stalled or once the mount ends (they are closed
         when it answers, or by the process's exit, which then waits in the kernel, not in fanfs)."""
+        if not fds:
+            return
         token = object()
         _UNANSWERED.add(token)
 
         def close() -> None:
-            _close_all(fds)
-            _UNANSWERED.discard(token)
+            try:
+                _close_all(fds)
+            finally:
+                _UNANSWERED.discard(token)
 
         closing = threading.Thread(target=close, name="fanfs-store-close", daemon=True)
         closing.start()
@@ -257,4 +262,5 @@ class Deadline:
 
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
-        os.close(fd)
+        with contextlib.suppress(OSError):  # a file only read: an error at its close (NFS's EIO) changes nothing
+            os.close(fd)
