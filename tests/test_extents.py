@@ -30,7 +30,7 @@ from fanfs.errors import StoreError
 from fanfs.records.extent import ALIGN, EXTENT_MIN, Extents
 from fanfs.serve import control
 from fanfs.store import Store
-from fanfs.store.format import FILE, SHARD_DIR, shard_name
+from fanfs.store.format import FILE, SHARD_DIR, SHARD_HEADER, shard_name
 
 MIB = 1 << 20
 
@@ -154,6 +154,19 @@ def _overlapping(meta, c):
     c["blob_offset"][small] = c["blob_offset"][extent] + 100
 
 
+def _overlapping_two_before(meta, c):
+    """Issue 39.9: a long blob (b.bin's) runs 8 KiB into the extent past a short one (d.bin's) that lies between them:
+    the blob just before the extent ends before it."""
+    a, extent, _ = _blobs(c, b"a.bin")
+    b, long, _ = _blobs(c, b"b.bin")
+    d, short, _ = _blobs(c, b"d.bin")
+    start = int(c["blob_offset"][extent])
+    c["blob_offset"][long], c["blob_offset"][short] = SHARD_HEADER.size, SHARD_HEADER.size + 2000
+    c["size"][b] = c["blob_raw"][long] = c["blob_stored"][long] = start - SHARD_HEADER.size + 8192
+    c["size"][d] = c["blob_raw"][short] = c["blob_stored"][short] = 1000
+    c["shard"][d] = c["shard"][a]
+
+
 def _compressed(meta, c):
     _, first, _ = _blobs(c, b"a.bin")
     c["blob_stored"][first] -= 1
@@ -170,16 +183,18 @@ def _old_format(meta, c):
 
 CRAFTED = {"misaligned": (_misaligned, "page boundary"), "not back to back": (_not_back_to_back, "back to back"),
            "overlapping a blob": (_overlapping, "overlaps another blob"), "compressed": (_compressed, "stored raw"),
+           "overlapped by a blob two before": (_overlapping_two_before, "overlaps another blob"),
            "too small": (_too_small, "smaller than an extent"), "in format 4": (_old_format, "format 4")}
 
 
 @pytest.fixture(scope="module")
 def crafting(tmp_path_factory):
-    """A one-chunk extent and a small file after it in one shard (shards hold 1 MiB here), and a two-chunk extent."""
+    """A one-chunk extent and a small file after it in one shard (shards hold 1 MiB here), a two-chunk extent, and
+    another small file."""
     base = tmp_path_factory.mktemp("crafting")
     rng = np.random.default_rng(35)
     (base / "src").mkdir()
-    for name, size in (("a.bin", 300 << 10), ("b.bin", 5000), ("c.bin", 3 * MIB // 2)):
+    for name, size in (("a.bin", 300 << 10), ("b.bin", 5000), ("c.bin", 3 * MIB // 2), ("d.bin", 3000)):
         (base / "src" / name).write_bytes(rng.bytes(size))
     fanfs("pack", base / "src", base / "store", "--quiet")
     s = Store(str(base / "store"))

@@ -94,6 +94,27 @@ def test_the_budget_holds_for_the_whole_pack(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
+@pytest.mark.parametrize("container", ["tar", "directory"])
+def test_bombs_nested_in_a_tar_count_as_in_a_directory(tmp_path, container):
+    """Issue 39.10: 200 .tar.gz of 5 MB of zeros each (1,000 MB from 1 MB: over 1000 times their bytes).  In a
+    directory they were refused; in a tar they packed, their expansion counted against the tar's bytes, its
+    headers and padding around them and its blocks read ahead included.  Now a nested archive counts by its own
+    bytes wherever it lies: one line, nothing left."""
+    bomb = gzip.compress(tar_bytes([member("zeros.bin", bytes(5_000_000))]))
+    src = tmp_path / "src"
+    src.mkdir()
+    if container == "tar":
+        (src / "bombs.tar").write_bytes(tar_bytes([member(f"b{i:03d}.tar.gz", bomb) for i in range(200)]))
+    else:
+        for i in range(200):
+            (src / f"b{i:03d}.tar.gz").write_bytes(bomb)
+    done = fanfs("pack", src, tmp_path / "store", "--expand-archives", check=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("fanfs: error: ") and "expand to more than 1000 times" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
 def test_a_negative_pax_size_is_refused(tmp_path):
     refused(tmp_path, tar_bytes([member("a", b"x", pax={"size": "-5000"})]), expect="bad size -5000")
 

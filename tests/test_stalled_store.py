@@ -20,12 +20,14 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fanfs_command import daemon_pids, fanfs, force_unmount, mounted
+from fanfs_command import FANFS, daemon_pids, fanfs, force_unmount, mounted
 from photo_samples import make_photo_set
 
 from support.processes import kernel_state, stop
@@ -39,6 +41,7 @@ from fanfs.util import mounts
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 TIMEOUT = "1"  # seconds a read may wait on the frozen store
 FILES = 6
+SHARDS = 200
 
 
 class FreezableStore:
@@ -46,6 +49,10 @@ class FreezableStore:
     sftp-server on a pipe) or ``squashfuse_ll`` (of a squashfs image)."""
 
     def __init__(self, base: Path, kind: str) -> None:
+        """``kind``: sshfs, squashfuse, or "sshfs, many shards" (SHARDS small ones: opening or staging the store takes
+        long enough to be frozen midway)."""
+        many = kind == "sshfs, many shards"
+        kind = "sshfs" if many else kind
         needs = {"sshfs": ("sshfs", SFTP_SERVER), "squashfuse": ("squashfuse_ll", "mksquashfs")}[kind]
         if not all(shutil.which(tool) for tool in needs):
             pytest.skip(f"needs {' and '.join(needs)} (tools/setup --test installs them)")
@@ -53,14 +60,18 @@ class FreezableStore:
         src.mkdir()
         # a file per shard: no file's bytes in the kernel's pages of another's
         rng = random.Random(35)
-        self.data = {f"f{i}.bin": rng.randbytes(300_000) for i in range(FILES)}
+        self.data = {f"f{i}.bin": rng.randbytes(8000 if many else 300_000) for i in range(SHARDS if many else FILES)}
         for name, data in self.data.items():
             (src / name).write_bytes(data)
-        make_photo_set(src / "photos", 2)  # progressive records: a mount staged at K reads the layers above from here
-        fanfs("pack", src, base / "store", "--shard-size", "256K", "--progressive-jpeg", "--quiet")
-        store = Store(str(base / "store"))
-        self.data.update({f"photos/{p.name}": store.read_file(f"photos/{p.name}") for p in (src / "photos").iterdir()})
-        store.close()
+        if many:
+            fanfs("pack", src, base / "store", "--shard-size", "8K", "--quiet")
+        else:
+            make_photo_set(src / "photos", 2)  # progressive records: a mount staged at K reads the layers above here
+            fanfs("pack", src, base / "store", "--shard-size", "256K", "--progressive-jpeg", "--quiet")
+            store = Store(str(base / "store"))
+            self.data.update({f"photos/{p.name}": store.read_file(f"photos/{p.name}")
+                              for p in (src / "photos").iterdir()})
+            store.close()
         self.base, self.kind, self.fuse, self.server = base, kind, None, 0
         self.path = base / "frozen"
         self.path.mkdir()
@@ -201,6 +212,140 @@ def test_a_mount_staged_at_k_reads_the_layers_above_from_a_frozen_store_in_time(
         finally:
             frozen.thaw()
     gone(pids)
+
+
+def ended(frozen: FreezableStore, *args: str | os.PathLike, freeze: Callable[[int], bool] = lambda pid: True
+          ) -> subprocess.CompletedProcess:
+    """``fanfs ARGS`` run while the store is frozen: frozen once ``freeze(pid)`` says so (the process started, polled),
+    then the command must end by itself; one that hangs fails the test (thawed first: it then ends)."""
+    command = subprocess.Popen([*FANFS, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not freeze(command.pid):
+            assert command.poll() is None, f"fanfs {args[0]} ended before the store was frozen: {command.communicate()}"
+            time.sleep(0.001)
+        frozen.freeze()
+        out, err = command.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        frozen.thaw()
+        command.kill()
+        command.communicate()
+        raise AssertionError(f"fanfs {args[0]} hung on the frozen store") from None
+    return subprocess.CompletedProcess(command.args, command.returncode, out, err)
+
+
+def fanfs_processes(base: Path) -> list[int]:
+    """fanfs processes whose command line names a path under ``base``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "-m fanfs " in line and str(base) in line:
+                found.append(int(pid))
+    return found
+
+
+def holds_a_shard(pid: int, frozen: FreezableStore) -> bool:
+    """Whether process ``pid`` or a child of it holds a shard of the frozen store open: it checks the shards."""
+    shards = f"{frozen.path}/shards/"
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for process in [pid, *map(int, children.read_text().split() if children.exists() else [])]:
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"/proc/{process}/fd/{fd}").startswith(shards) for fd in os.listdir(f"/proc/{process}/fd")):
+                return True
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("frozen", ["sshfs, many shards"], indirect=True)
+@pytest.mark.parametrize("case", ["mount, frozen first", "mount, frozen while it checks the shards",
+                                  "stage, frozen first", "stage, frozen while it copies",
+                                  "mount --stage, frozen while it copies"])
+def test_mount_and_stage_of_a_frozen_store_fail_in_time_with_one_line(frozen, tmp_path, case):
+    """Issue 39.5: reading the index, checking the shards at a mount and stage's copies waited in the kernel for a
+    frozen store until it answered, SIGKILL or not.  Each is now waited on for ``--store-timeout``: then one line,
+    exit 1, no mount and no local directory made, and the command ends, though a thread of it waits on sshfs (its
+    process, left behind, ends once the store answers)."""
+    mnt, local = tmp_path / "mnt", tmp_path / "local"
+    mnt.mkdir()
+    command, _, when = case.partition(", frozen ")
+    args = {"mount": ("mount", frozen.path, mnt), "stage": ("stage", frozen.path, local, "--quiet"),
+            "mount --stage": ("mount", frozen.path, mnt, "--local-dir", local, "--stage")}[command]
+    freeze = {"first": lambda pid: True, "while it checks the shards": lambda pid: holds_a_shard(pid, frozen),
+              "while it copies": lambda pid: local.exists() and any(name.isdigit() for name in os.listdir(local))}[when]
+    try:
+        done = ended(frozen, *args, "--store-timeout", TIMEOUT, freeze=freeze)
+        lines = done.stderr.splitlines()
+        assert done.returncode == 1 and len(lines) == 1, done.stderr
+        assert lines[0].startswith("fanfs: error: ") and "no answer within 1 s (--store-timeout)" in lines[0], lines
+        assert not mounts.mounted(mnt)
+        assert not local.exists() or when == "while it copies"  # copies whole and checked stay: a rerun resumes
+        assert not [name for name in (os.listdir(local) if local.exists() else []) if not name.isdigit()]  # no .tmp
+        left = fanfs_processes(tmp_path)
+    finally:
+        frozen.thaw()
+        if mounts.mounted(mnt):  # the code before issue 39 mounted it once thawed
+            fanfs("umount", mnt, check=False)
+    while [pid for pid in left if os.path.exists(f"/proc/{pid}")]:  # once it answers; one that stays is pytest-timeout's
+        time.sleep(0.02)
+
+
+HOLD_SSHFS = """
+import os, sys, threading
+fds = [os.open(path, os.O_RDONLY) for path in sys.argv[1:]]
+sys.stdin.readline()
+readers = [threading.Thread(target=os.pread, args=(fd, 4096, 0)) for fd in fds]
+for reader in readers:
+    reader.start()
+for reader in readers:
+    reader.join()
+"""
+"""Opens files on sshfs, then, told to, reads each in a thread of its own: a process that never forks, since a child
+closing the descriptors it inherited (``subprocess``'s ``close_fds``) would wait on the frozen server too."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_umount_ends_the_daemon_while_every_thread_of_sshfs_waits_on_the_frozen_server(frozen, tmp_path, workers):
+    """Issue 39.6: other readers of the frozen store hold every thread of sshfs (10), so a close of a file on it waits
+    too (sshfs answers a flush from a thread).  A daemon closing its shards at its end waited so, and ``fanfs umount``
+    killed it after 20 s; with ``--workers 2`` a serving process's exit also closed them, waiting interruptibly, and
+    was taken for a process still running.  Now the daemon ends by itself, its threads in the kernel left there."""
+    others = []
+    for i in range(16):  # one sshfs thread each, once read (opened while it answers)
+        others.append(frozen.base / "store" / f"other{i}")
+        others[-1].write_bytes(os.urandom(65536))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_SSHFS, *(frozen.path / path.name for path in others)],
+                              stdin=subprocess.PIPE, text=True)
+    try:
+        with mounted(frozen.path, tmp_path / "mnt", "--store-timeout", TIMEOUT, "--workers", workers) as mnt:
+            try:
+                assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]
+                frozen.freeze()
+                assert frozen.read(mnt / "f4.bin") == "EIO"
+                holder.stdin.write("read\n")
+                holder.stdin.flush()
+                while _waiting_in_the_kernel(holder.pid) < len(others):  # sent to sshfs, or queued: no thread free
+                    assert holder.poll() is None
+                    time.sleep(0.05)
+                pids = umount_frozen(mnt)
+            finally:
+                frozen.thaw()
+        gone(pids)
+    finally:
+        frozen.thaw()
+        holder.stdin.close()
+        holder.wait(timeout=120)
+
+
+def _waiting_in_the_kernel(pid: int) -> int:
+    """Threads of process ``pid`` but its first that sleep in the kernel, not on a lock (a futex): in a read."""
+    waiting = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if task.name != str(pid) and state in ("S", "D") and not (task / "wchan").read_text().startswith("futex"):
+                waiting += 1
+    return waiting
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ import os
 import shutil
 import stat
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,110 +32,16 @@ from ..store.format import INDEX_NAME, SHARD_DIR, SHARD_HEADER, shard_name
 from ..store.index import Index
 from ..store.sources import HeldShards
 from ..util.checksum import checksum
+from ..util.deadline import Deadline, Stalled, close_within, deadline_for, within
 from ..util.privacy import file_mode, readable_by_others
 from ..util.files import open_regular
-from ..util.progress import Progress
 from ..util.runtime import private_dir
-from ..util.units import human_rate, human_size
+from ..util.units import human_size
 from ..peers.placement import Placement, place
 from ..peers.world import World
+from .stagereport import JobProgress, NodeReport, StageReport
 
 STAGED_NAME = ".staged"  # in a staged directory: the store and the presentation it holds
-PROGRESS_SECONDS = 0.25
-_PROGRESS_TAG = 7
-
-
-@dataclass
-class NodeReport:
-    """What one node staged."""
-
-    rank: int
-    shards: int = 0
-    copied_shards: int = 0  # local shard copies written or mended
-    copied_bytes: int = 0
-    skipped_bytes: int = 0
-    seconds: float = 0.0
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float:
-        return self.copied_bytes / self.seconds if self.seconds else 0.0
-
-
-@dataclass
-class StageReport:
-    nodes: list[NodeReport]
-    replicas: int
-    seconds: float
-    presentation: Presentation = field(default_factory=Presentation)
-
-    def format(self) -> str:
-        copied = sum(n.copied_bytes for n in self.nodes)
-        skipped = sum(n.skipped_bytes for n in self.nodes)
-        at = self.presentation.describe(chosen_only=True)
-        lines = [f"staged {len(self.nodes)} node(s), {self.replicas} replica(s) per shard{f' at {at}' if at else ''}: "
-                 f"copied {human_size(copied)}, "
-                 f"already there {human_size(skipped)}, in {self.seconds:.1f} s "
-                 f"({human_rate(copied / self.seconds if self.seconds else 0)} for the job)",
-                 "node   shards   copied    copied bytes   already there   seconds        rate"]
-        for n in self.nodes:
-            lines.append(f"{n.rank:<6} {n.shards:>6} {n.copied_shards:>8} {human_size(n.copied_bytes):>15} "
-                         f"{human_size(n.skipped_bytes):>15} {n.seconds:>9.2f} {human_rate(n.rate):>11}")
-        return "\n".join(lines)
-
-
-class JobProgress:
-    """One display for the job on rank 0; other ranks send it their byte counts (a few times a second).
-
-    A bar on a terminal; under mpiexec/srun, whose output is a pipe, progress lines instead (:mod:`fanfs.util.progress`).
-    """
-
-    def __init__(self, world: World, total: int, enabled: bool) -> None:
-        self.world = world
-        self.comm = world.dup() if world.comm is not None else None
-        self.done = [0] * world.size
-        self.finished = 1  # rank 0 itself
-        self._sends: list[Any] = []
-        self._last = 0.0
-        self.bar = Progress(total, "stage", enabled=enabled, unit="B") if world.rank == 0 else None
-        self.total = total
-
-    def update(self, done: int, final: bool = False) -> None:
-        if self.comm is None or self.world.rank == 0:
-            self.done[0] = done
-            self._poll()
-            return
-        now = time.monotonic()
-        if final or now - self._last >= PROGRESS_SECONDS:
-            self._last = now
-            self._sends.append(self.comm.isend((done, final), 0, _PROGRESS_TAG))
-
-    def _poll(self) -> None:
-        if self.comm is not None:
-            from mpi4py import MPI
-            status = MPI.Status()
-            while self.comm.iprobe(tag=_PROGRESS_TAG):
-                done, final = self.comm.recv(tag=_PROGRESS_TAG, status=status)
-                self.done[status.Get_source()] = done
-                self.finished += final
-        assert self.bar is not None
-        self.bar.update_to(sum(self.done))
-
-    def close(self) -> None:
-        """Rank 0 waits for every rank's last count; the others for their sends to be taken."""
-        if self.world.rank == 0:
-            while self.finished < self.world.size:
-                self._poll()
-                time.sleep(0.01)
-            assert self.bar is not None
-            self.bar.__exit__(None, None, None)
-        else:  # the final count was sent by update(..., final=True)
-            for request in self._sends:
-                request.wait()
-        if self.comm is not None:
-            self.comm.Free()
-
-
 @dataclass
 class ShardPart:
     """The blobs of one shard this node holds, in offset order: numbers, offsets and stored sizes."""
@@ -175,15 +82,17 @@ def _bad_blobs(fd: int, part: ShardPart, index: Index) -> np.ndarray:
                      if checksum(os.pread(fd, size, offset)) != expected[i]], np.int64)
 
 
-def _copy_blobs(src_fd: int, dst_fd: int, part: ShardPart, which: np.ndarray, index: Index, advance: Any) -> None:
-    """Copy blobs ``which`` of ``part``, adjacent ones as one range, each checked as it is read."""
+def _copy_blobs(read: Callable[[int, int], bytes], dst_fd: int, part: ShardPart, which: np.ndarray, index: Index,
+                advance: Any) -> None:
+    """Copy blobs ``which`` of ``part``, adjacent ones as one range (``read(length, offset)`` of the shared shard),
+    each checked as it is read."""
     offsets, sizes, blobs = part.offsets[which], part.sizes[which], part.blobs[which]
     expected = index.blob_checksum[blobs].tolist()
     starts = np.flatnonzero(np.r_[True, offsets[1:] != offsets[:-1] + sizes[:-1]])
     ends = np.r_[starts[1:], offsets.size]
     for a, b in zip(starts.tolist(), ends.tolist()):
         begin, length = int(offsets[a]), int(offsets[b - 1] + sizes[b - 1] - offsets[a])
-        data = os.pread(src_fd, length, begin)
+        data = read(length, begin)
         if len(data) != length:
             raise OSError(errno.EIO, f"short read of the shared shard ({len(data)} of {length} bytes)")
         view = memoryview(data)
@@ -197,15 +106,21 @@ def _copy_blobs(src_fd: int, dst_fd: int, part: ShardPart, which: np.ndarray, in
         advance(length)
 
 
-def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, advance: Any, mode: int) -> int:
+def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, advance: Any, mode: int,
+               reads: Deadline | None) -> int:
     """Make the local copy of one shard hold ``part`` intact, its mode no wider than ``mode``; returns the
-    bytes copied (0: it was)."""
+    bytes copied (0: it was).  ``reads``: the shared store's deadline (each of its reads waited on that long)."""
     name = shard_name(part.shard)
     dst = os.path.join(local_dir, name)
     size = int(index.shard_size[part.shard])
-    src_fd = open_regular(os.path.join(store_root, SHARD_DIR, name))
+    src = os.path.join(store_root, SHARD_DIR, name)
+    src_fd = within(reads, src, open_regular, src)
+
+    def read(length: int, offset: int) -> bytes:
+        return within(reads, src, os.pread, src_fd, length, offset)
+
     try:
-        header = os.pread(src_fd, SHARD_HEADER.size, 0)
+        header = read(SHARD_HEADER.size, 0)
         try:
             fd = os.open(dst, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
@@ -217,7 +132,7 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
                 if os.fstat(fd).st_size == size and os.pread(fd, SHARD_HEADER.size, 0) == header:
                     bad = _bad_blobs(fd, part, index)
                     if bad.size:
-                        _copy_blobs(src_fd, fd, part, bad, index, advance)
+                        _copy_blobs(read, fd, part, bad, index, advance)
                         os.fsync(fd)
                     return int(part.sizes[bad].sum())
             finally:
@@ -228,7 +143,7 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
             os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & mode)  # a leftover .tmp keeps its mode otherwise
             os.ftruncate(fd, size)
             os.pwrite(fd, header, 0)
-            _copy_blobs(src_fd, fd, part, np.arange(part.blobs.size), index, advance)
+            _copy_blobs(read, fd, part, np.arange(part.blobs.size), index, advance)
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -238,7 +153,7 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
         os.replace(tmp, dst)
         return part.nbytes
     finally:
-        os.close(src_fd)
+        close_within(reads, [src_fd])
 
 
 LAZY_INSTEAD = ("or mount with --stage lazy --capacity SIZE: a cache that keeps what fits the disk and reads the rest "
@@ -254,10 +169,12 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     placement: Placement = place(index.blob_stored, world.size, replicas)
     report = NodeReport(world.rank)
     parts: list[ShardPart] = []
-    error = None
-    mode = file_mode(readable_by_others(os.path.join(store_root, INDEX_NAME)))
+    error, mode, reads = None, 0, None
     try:
-        make_local_dir(local_dir)
+        reads = deadline_for(os.path.join(store_root, SHARD_DIR))
+        index_path = os.path.join(store_root, INDEX_NAME)
+        mode = file_mode(within(reads, index_path, readable_by_others, index_path))
+        make_local_dir(local_dir)  # once the store answered: a stalled one leaves no directory made
         _forget_staged(local_dir)  # until this staging is complete, the directory holds no known presentation
         parts = held_parts(index, placement, world.rank, blobs_read(index, presentation))
         report.shards = len(parts)
@@ -267,11 +184,11 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
             error = (f"{local_dir} has {human_size(free)} free but this node needs {human_size(need)} for its "
                      f"share of the store ({placement.replicas} replicas): use more nodes, fewer replicas or a bigger "
                      f"disk, {LAZY_INSTEAD}")
-    except FanfsError as err:
+    except (FanfsError, Stalled) as err:
         error = str(err)
     except OSError as err:
         error = f"{local_dir}: {err.strerror or err}"
-    world.agree(error)  # before any copying: a full disk anywhere stops the whole job
+    world.agree(error)  # before any copying: a full disk or a stalled store anywhere stops the whole job
 
     total = sum(world.allgather(sum(p.nbytes for p in parts)))
     bar = JobProgress(world, total, progress)
@@ -285,7 +202,10 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
 
     for part in parts:
         try:
-            copied = stage_part(store_root, local_dir, part, index, advance, mode)
+            copied = stage_part(store_root, local_dir, part, index, advance, mode, reads)
+        except Stalled as err:  # every later shard would fail alike: say it once
+            report.problems.append(str(err))
+            break
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):  # every later shard would fail alike: say it once
                 report.problems.append(f"{local_dir}: {err.strerror} after copying {human_size(done)} of "

@@ -67,6 +67,13 @@ def one_line(err: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .supervise import leave
+    code = _main(argv)
+    leave(code)  # a supervised command whose store stalled: its status said, now
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     import signal
     interrupts: list[int] = []
 
@@ -84,6 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGINT, interrupt)  # from here on a Ctrl-C is a KeyboardInterrupt
         signal.signal(signal.SIGALRM, interrupt)  # a Ctrl-C deferred out of the import machinery
         args = build_parser().parse_args(argv)
+        if getattr(args, "supervised", None) is not None and args.supervised(args):
+            from .supervise import supervise
+            status = supervise()
+            if status is not None:  # the parent: the command ran in the child
+                return status
         code = args.func(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then handled below
         return code

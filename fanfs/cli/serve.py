@@ -16,6 +16,8 @@ from ..util.server import default_workers
 from ..util.units import human_size
 from .args import count, nonnegative_float, positive, positive_size, print_json, size
 from .presentation import add_presentation_options, known, presentation_values, resolved
+from .stats import cmd_stats
+from .supervise import alone
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -29,13 +31,12 @@ def cmd_mount(args: argparse.Namespace) -> int:
         raise UsageError("--stage, --replicas and --no-mount need --local-dir")
     check_stage_options(args)
     args.foreground = args.foreground or args.no_mount  # a node serving without a mount stays attached
-    if args.store_timeout is not None:  # read where the store's sources are made: the daemon and a job's nodes too
-        os.environ[STORE_TIMEOUT_VARIABLE] = repr(args.store_timeout)
+    set_store_timeout(args)
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
     if not job:  # before auto values are measured (seconds to minutes): a bad mount point is known at once
-        from ..serve.daemon import check_mountpoint, opened_paths
-        check_mountpoint(os.path.abspath(args.mountpoint), opened_paths(args.store))
+        from ..serve.daemon import check_mountpoint
+        check_mountpoint(os.path.abspath(args.mountpoint), args.store)
     presentation = known(values) if job else resolved(args.store, values)
     options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,
                            allow_other="allow_other" in args.o, debug=args.debug,
@@ -62,6 +63,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from ..cache.stage import stage
     from ..peers.world import AgreedError, World, expand, load_index
     from ..records import check_presentation
+    set_store_timeout(args)
     world = World.detect()
     try:
         store = os.path.abspath(expand(args.store))
@@ -172,76 +174,6 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_stats(args: argparse.Namespace) -> int:
-    from ..records import Presentation, setting
-    from ..serve.control import request
-    stats = request(args.mountpoint, {"cmd": "stats"})
-    shown = Presentation({name: stats[name] for name in Presentation.NAMES}).describe()
-    if args.json:  # settings as their options write them ("full", "4", "1/2"), not their codes (65535)
-        for values in (stats, stats.get("staged", {})):
-            values.update({name: setting(name).format(values[name]) for name in Presentation.NAMES if name in values})
-        print_json(stats)
-        return 0
-    print("\n".join(_stats_lines(args.mountpoint, stats, shown)))
-    return 0
-
-
-def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
-    """``fanfs stats`` as text: what was served, at what rate since the mount, from which layers and sources."""
-    from ..records import Presentation
-    lines = []
-    hits, misses = stats["cache_hits"], stats["cache_misses"]
-    seconds = stats.get("seconds")  # a node without a mount does not say
-    rate = f" in {seconds:,.1f} s since the mount ({stats['reads'] / max(seconds, 1e-3):,.0f}/s on average)" if seconds else ""
-    throughput = f" ({human_size(stats['bytes_presented'] / max(seconds, 1e-3))}/s)" if seconds else ""
-    if "node_dir" in stats:  # a node serving without a mount: its readers read in-process
-        lines.append(f"node       {mountpoint} -> {stats['store']}  (no mount: in-process readers read here; staged at {shown})")
-    else:
-        lines.append(f"mount      {mountpoint} -> {stats['store']}  ({shown})")
-    lines.append(f"reads      {stats['reads']:,}{rate}   errors {stats['errors']:,}"
-                 + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
-                    if stats["workers"] > 1 else ""))
-    lines.append(f"presented  {human_size(stats['bytes_presented'])}{throughput}   read from storage "
-                 f"{human_size(stats['bytes_stored_read'])}"
-                 + (f"   in {human_size(stats['bytes_presented'] // stats['reads'])} per read" if stats["reads"] else ""))
-    if stats.get("bytes_spliced") or stats.get("bytes_verified"):
-        lines.append(f"spliced    {human_size(stats['bytes_spliced'])} of it by the kernel from the shards' pages (extents), "
-                     f"{human_size(stats['bytes_verified'])} of those pages read here once to verify them")
-    if stats.get("readahead"):
-        lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files)")
-    if "reads_in_memory" in stats:
-        lines.append(f"requests   {stats['reads_in_memory']:,} answered at once (their bytes were in memory), "
-                     f"{stats['reads_deferred']:,} by threads that waited on a disk or a peer")
-    if "lookups" in stats:  # a mount's requests for names: one per name not seen in a listing first
-        lines.append(f"names      {stats['lookups']:,} looked up, {stats['listed']:,} given with their attributes in listings")
-    lines.append(f"blobs      {hits + misses:,} read, {hits:,} of them from fanfs's memory cache (--cache-size keeps only "
-                 "blobs read in parts; a file read whole is cached by the kernel, whose hits never reach fanfs)")
-    lines.append(f"decode     {stats['decode_seconds']:.3f} s decompressing blobs")
-    lines += [f"note       {note}" for note in stats.get("notes", [])]
-    if stats["stored_by_layer"] and stats["layered"]:  # a store of plain files has one layer: nothing to tell
-        lines.append("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"], 1)))
-    if stats.get("stored_by_side_layer"):
-        names = stats.get("side_names", [])
-        lines.append("per tier   " + "  ".join(f"{names[i] if i < len(names) else f'side {i + 1}'}: {human_size(b)}"
-                                            for i, b in enumerate(stats["stored_by_side_layer"]) if b))
-    if "cache" in stats:
-        lines += _cache_lines(stats["cache"], stats.get("prefetch"))
-    elif "prefetch" in stats:
-        lines += _ahead_lines(stats["prefetch"])
-    elif "staged" in stats:
-        staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
-        lines.append(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
-    if "cluster" in stats:
-        c = stats["cluster"]
-        lines.append(f"node       rank {c['rank']} of {c['nodes']}, {c['local_blobs']:,} blobs held, {c['replicas']} replicas")
-        lines.append(f"local      {human_size(c['local_bytes'])}   remote {human_size(c['remote_bytes'])} in "
-                     f"{c['remote_requests']:,} requests ({c['remote_latency_mean_ms']:.2f} ms mean, "
-                     f"{c['remote_latency_max_ms']:.2f} ms max; {c['remote_timeouts']} timeouts, {c['remote_failures']} failed)")
-        lines.append(f"served     {human_size(c['served_bytes'])} in {c['served_requests']:,} requests to peers "
-                     f"({c['refused']} refused, {c['failed']} failed)")
-    return lines
-
-
 STAGE_HELP = ("how this node gets its shards into --local-dir: 'full' (the default for a bare --stage) copies them "
               "all first, only the layers its presentation reads (higher ones are then read from the shared store); "
               "'lazy' serves at once and copies a blob the first time it is read (or a peer asks for it), so later "
@@ -251,42 +183,18 @@ CAPACITY_HELP = ("with --stage lazy: local disk this node's cache may take (e.g.
                  "reads the other blobs through from the shared store (default: all it holds)")
 
 
-def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
-    """``fanfs stats`` of a lazily staged node's cache, one account: what it may keep and has on disk; what reads fetched
-    since the mount, kept or not; what it keeps now, and how much of that it had when the mount started; hits and
-    read-throughs; what it fetched ahead of its readers (``ahead``, once it was given their order)."""
-    capacity = f"capacity {human_size(cache['capacity'])}" if cache["capacity"] is not None else "no capacity set"
-    ahead_kept = ahead["kept_fills"] if ahead is not None else 0
-    peers = f", {cache['peer_fills']:,} of them copied from a peer that fetched them" if cache.get("peer_fills") else ""
-    unkept = (f", {cache['unkept']:,} ({human_size(cache['unkept_bytes'])}) could not be kept (the local directory "
-              "was full: see the log)") if cache["unkept"] else ""
-    lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its "
-             f"{human_size(cache['share_bytes'])} share; {human_size(cache['held_bytes'])} on disk now "
-             f"({human_size(cache['ahead_bytes'])} of it fetched ahead)",
-             f"fetched    {cache['fills']:,} blobs ({human_size(cache['fill_bytes'])}) by reads since the mount{peers}: "
-             f"{cache['fills'] - cache['unkept']:,} kept ({human_size(cache['fill_bytes'] - cache['unkept_bytes'])})"
-             f"{unkept}",
-             f"kept now   {cache['kept_blobs']:,} blobs ({human_size(cache['kept_stored_bytes'])}), "
-             f"{cache['kept_at_start']:,} of them kept when the mount started"
-             + (f", {ahead_kept:,} fetched ahead of the readers" if ahead_kept else "")
-             + (f"; {cache['dropped']:,} bad copies dropped since (see the log)" if cache["dropped"] else ""),
-             f"hits       {cache['hit_blobs']:,} blobs read here ({human_size(cache['hit_bytes'])}), "
-             f"{human_size(cache['read_through_bytes'])} read through (blobs this node does not keep)"]
-    if ahead is not None:
-        lines += _ahead_lines(ahead)
-    return lines
+def set_store_timeout(args: argparse.Namespace) -> None:
+    """``--store-timeout``, read where the store's sources are made (the daemon and a job's nodes too)."""
+    if args.store_timeout is not None:
+        os.environ[STORE_TIMEOUT_VARIABLE] = repr(args.store_timeout)
 
 
-def _ahead_lines(ahead: dict) -> list[str]:
-    """``fanfs stats`` of a mount's read-ahead of a known order: how far ahead it is, what it read, and where."""
-    streams = ", ".join(f"{name} at {s['position']:,} of {s['files']:,}" for name, s in ahead["streams"].items())
-    where = (f": {ahead['kept_fills']:,} blobs kept, {ahead['from_peers']:,} from peers, {ahead['from_shared']:,} "
-             "from the shared store" if "kept_fills" in ahead else "")
-    return [f"ahead      {ahead['files']:,} files read ahead of the readers ({human_size(ahead['bytes'])}{where}), "
-            f"{ahead.get('in_memory', 0):,} in memory already, {ahead['skipped']:,} read before their turn, "
-            f"{ahead['given_up']:,} given up",
-            f"           now {ahead['ahead_files']:,} files, {human_size(ahead['ahead_bytes'])} ahead (budget "
-            f"{human_size(ahead['budget'])}); order: {streams}"]
+def add_store_timeout_option(p: argparse.ArgumentParser) -> None:
+    """``--store-timeout SECONDS`` (mount, stage)."""
+    p.add_argument("--store-timeout", type=nonnegative_float, metavar="SECONDS",
+                   help=f"how long an access to a store on a network file system (NFS, sshfs, Lustre...) waits before "
+                        f"it fails, the store being stalled: a read with EIO, opening or staging it with an error "
+                        f"(${STORE_TIMEOUT_VARIABLE}; default {DEFAULT_SECONDS:g}; 0: for ever)")
 
 
 def check_stage_options(args: argparse.Namespace) -> None:
@@ -313,6 +221,7 @@ def add_stage_options(p: argparse.ArgumentParser, stage: Any = "") -> None:
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     p = command("mount", cmd_mount, "mount a store read-only; returns once the mount serves")
+    p.set_defaults(supervised=alone)
     p.add_argument("store", help="the store directory ('fanfs pack' made it)")
     p.add_argument("mountpoint", help="an existing directory where the store's files appear")
     p.add_argument("--cache-size", type=size, default="1G", help="memory for decoded blobs (default 1G)")
@@ -334,10 +243,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     add_prefetch_option(p)
     p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for a peer before asking the next holder (default 5)")
-    p.add_argument("--store-timeout", type=nonnegative_float, metavar="SECONDS",
-                   help=f"how long a read waits on a store on a network file system (NFS, sshfs, Lustre...) before it "
-                        f"fails with EIO, the store being stalled (${STORE_TIMEOUT_VARIABLE}; default "
-                        f"{DEFAULT_SECONDS:g}; 0: for ever)")
+    add_store_timeout_option(p)
     p.add_argument("--no-mount", action="store_true",
                    help="where FUSE is not allowed: mount nothing, serve peers and in-process readers "
                         "(fsspec.filesystem('fanfs', node=MOUNTPOINT)) through MOUNTPOINT, a private directory made "
@@ -352,6 +258,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                                   "disk holds more; a mount above it reads the rest from the shared store")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="the report as JSON (per node: bytes copied, seconds)")
+    add_store_timeout_option(p)
+    p.set_defaults(supervised=alone)
 
     p = command("umount", cmd_umount, "unmount a fanfs mount and wait for its daemon to exit (a mount that has "
                 "ended already is no error: in a job, the first unmount ends every node's mount)")

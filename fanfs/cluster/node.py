@@ -30,7 +30,7 @@ from ..errors import FanfsError, StoreError
 from .. import tune  # noqa: F401  (registers the resolvers of auto values)
 from ..records import Presentation, Value, check_presentation, resolve, unresolved
 from ..serve.control import MountLock
-from ..serve.daemon import check_mountpoint, opened_paths, setup_logging, start
+from ..serve.daemon import check_mountpoint, setup_logging, start
 from ..store import Store
 from ..store.index import Index
 from ..util.mounts import mounted, unmount
@@ -50,7 +50,7 @@ def check_node_paths(store_root: str, mountpoint: str, local_dir: str, serve_onl
     if serve_only:
         node_dir(mountpoint)
     else:
-        check_mountpoint(mountpoint, opened_paths(store_root, local_dir))
+        check_mountpoint(mountpoint, store_root, local_dir)
     check_local_dir(local_dir)
 
 

@@ -5,7 +5,7 @@ spool file, and handed on with the member.  With ``expand``, a member whose name
 ``.tar.gz``, ``.zip``...) becomes a directory of its members, recursively, up to :data:`MAX_DEPTH` levels
 (nested tars stream straight through; a nested zip is read from its bytes, as a zip needs).  Every byte that
 comes out counts against ``max_expansion`` times the bytes read from the source (a decompression bomb is
-stopped early, with one line).  Devices and FIFOs are skipped with a warning, as in a directory.
+stopped early, with one line): a nested archive by its own bytes, as in a directory (:class:`Budget`).  Devices and FIFOs are skipped with a warning, as in a directory.
 """
 
 from __future__ import annotations
@@ -40,22 +40,34 @@ _SPECIAL = {tar.CHARDEV: "character device", tar.BLOCKDEV: "block device", tar.F
 @dataclass
 class Budget:
     """What comes out of a pack's archives (their files at their apparent sizes, their paths) against the bytes
-    read of them: one budget for the whole pack, so that many small bombs add up as one big one does."""
+    read of them: one budget for the whole pack, so that many small bombs add up as one big one does.  An archive
+    nested in an uncompressed tar counts as it would in a directory: by its own bytes, not the tar's headers and
+    padding around it; and an uncompressed tar by the bytes its reader took, not those read ahead of it."""
 
     max_expansion: float
     produced: int = 0
     _done: int = 0  # bytes read of the archives finished with
-    _raw: Counted | None = None  # the archive being read
+    _position: Callable[[], int] | None = None  # bytes read so far of the archive being read
+    _framing: int = 0  # of those, bytes that only framed nested archives
 
     def read_from(self, raw: Counted) -> None:
         """Count the bytes read of ``raw`` from now on, besides those of the archives before it."""
-        if self._raw is not None:
-            self._done += self._raw.consumed
-        self._raw = raw
+        self._done, self._framing = self.consumed, 0
+        self._position = lambda: raw.consumed
+
+    def measured_by(self, position: Callable[[], int]) -> None:
+        """The bytes read of the archive being read, from its start, are ``position()`` from now on (an uncompressed
+        tar's: what its reader took)."""
+        self._position = position
+
+    def framing(self, n: int) -> None:
+        """``n`` bytes read of an uncompressed tar framed a member that is an archive (its headers, its padding):
+        not what its output comes from, which is that archive's own bytes."""
+        self._framing += n
 
     @property
     def consumed(self) -> int:
-        return self._done + (self._raw.consumed if self._raw is not None else 0)
+        return self._done + (self._position() if self._position is not None else 0) - self._framing
 
     def spend(self, n: int, where: str) -> None:
         self.produced += n
@@ -95,8 +107,10 @@ class Expander:
         self.skip = skip  # an entry left out, said in one line
 
     def archive(self, reader: Readable, where: str, prefix: bytes, origin: int, budget: Budget,
-                depth: int = 1) -> Iterator[tuple[int, Member]]:
-        """The members of the archive read from ``reader`` (any compression), under ``prefix`` in the tree."""
+                depth: int = 1, exact: bool = True) -> Iterator[tuple[int, Member]]:
+        """The members of the archive read from ``reader`` (any compression), under ``prefix`` in the tree.
+        ``exact``: ``reader``'s bytes are, one for one, the bytes the budget counts as read of the source (nothing
+        decompressed them on the way)."""
         if depth > MAX_DEPTH:
             raise IngestError(f"{where}: archives nested more than {MAX_DEPTH} deep: fanfs stops there")
         compression = None
@@ -114,7 +128,11 @@ class Expander:
             if kind == "zip":
                 yield from self._zip_bytes(source, where, prefix, origin, budget, depth)
             elif kind == "tar":
-                yield from self._tar(ByteStream(source), where, prefix, origin, budget, depth)
+                stream = ByteStream(source)
+                exact = exact and compression is None
+                if exact and depth == 1:  # the source itself: counted as its reader takes it
+                    budget.measured_by(lambda: stream.offset)
+                yield from self._tar(stream, where, prefix, origin, budget, depth, exact)
             else:
                 raise IngestError(f"{where}: not an archive fanfs reads (tar, tar.gz/bz2/xz/zst, zip)")
         except IngestError:
@@ -142,7 +160,7 @@ class Expander:
                 os.unlink(holder.data)
 
     def _tar(self, stream: ByteStream, where: str, prefix: bytes, origin: int, budget: Budget,
-             depth: int) -> Iterator[tuple[int, Member]]:
+             depth: int, exact: bool) -> Iterator[tuple[int, Member]]:
         reader = tar.TarReader(stream, where)
         for entry in reader:
             name = member_path(entry.name, where)
@@ -159,8 +177,10 @@ class Expander:
                 self._add(Member(path, HARDLINK, 0, entry.mtime, target=target, where=at, origin=origin,
                                  archived=True), budget)
             elif self.expand and (inner := expanded_name(name)) is not None:
+                if exact:
+                    budget.framing(entry.header + -entry.size % tar.BLOCK)
                 yield from self._nested(_Pieces(reader.data(entry)), at, join(prefix, inner), entry.mtime, origin,
-                                        budget, depth)
+                                        budget, depth, exact)
             else:
                 member = Member(path, FILE, stat.S_IFREG | entry.mode, entry.mtime, entry.apparent_size, where=at,
                                 origin=origin, archived=True)
@@ -201,7 +221,7 @@ class Expander:
                     self._add(self._symlink(path, target, entry.mtime, at, origin), budget)
                 elif self.expand and (inner := expanded_name(name)) is not None:
                     yield from self._nested(_Pieces(reader.data(entry)), at, join(prefix, inner), entry.mtime,
-                                            origin, budget, depth)
+                                            origin, budget, depth, False)
                 else:
                     member = Member(path, FILE, stat.S_IFREG | entry.mode, entry.mtime, entry.size, where=at,
                                     origin=origin, archived=True)
@@ -211,9 +231,9 @@ class Expander:
             reader.close()
 
     def _nested(self, pieces: _Pieces, where: str, path: bytes, mtime: int, origin: int, budget: Budget,
-                depth: int) -> Iterator[tuple[int, Member]]:
+                depth: int, exact: bool) -> Iterator[tuple[int, Member]]:
         self._add(Member(path, DIR, stat.S_IFDIR | 0o755, mtime, where=where, origin=origin), budget)
-        yield from self.archive(pieces, where, path, origin, budget, depth + 1)
+        yield from self.archive(pieces, where, path, origin, budget, depth + 1, exact)
         pieces.drain()  # what follows the archive's end inside the member (padding)
 
     def _small(self, reader: ZipReader, entry: ZipEntry, where: str) -> bytes:

@@ -34,6 +34,7 @@ class TarEntry:
     linkname: bytes = b""
     realsize: int = -1  # a sparse file's apparent size
     regions: list[tuple[int, int]] | None = None  # a sparse file's data regions (offset, length)
+    header: int = 0  # bytes of its headers in the stream (pax, GNU long names and sparse maps included)
 
     @property
     def apparent_size(self) -> int:
@@ -168,6 +169,7 @@ class TarReader:
     def _next(self) -> TarEntry | None:
         pax: dict[bytes, bytes] = {}
         long_name = long_link = None
+        start = self.stream.offset
         while True:
             at = self.stream.offset
             block = self._block()
@@ -201,7 +203,9 @@ class TarReader:
                 raise IngestError(f"{self.where}: a GNU multi-volume or old long-name member: fanfs reads "
                                   "single-volume archives only")
             else:
-                return self._entry(block, kind, size, pax, long_name, long_link)
+                entry = self._entry(block, kind, size, pax, long_name, long_link)
+                entry.header = self.stream.offset - start
+                return entry
 
     def _check_sum(self, block: bytes, at: int) -> None:
         """The header's checksum: the sum of its bytes (the field itself as spaces), or of them signed (old tars)."""

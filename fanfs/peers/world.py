@@ -8,13 +8,14 @@ several "nodes" share one host (as the tests do) with one command line.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from typing import Any
 
 from ..errors import StoreError
-from ..store.format import INDEX_NAME
+from ..store.format import INDEX_NAME, read_index_file
 from ..store.index import Index
-from ..store.trust import file_identity
+from ..util.deadline import Stalled
 
 log = logging.getLogger("fanfs")
 
@@ -117,7 +118,7 @@ class World:
         """A private communicator (collective: every rank calls it in the same order)."""
         return self.comm.Dup()
 
-    def bcast_bytes(self, data: bytearray | None) -> bytearray:
+    def bcast_bytes(self, data: bytes | bytearray | mmap.mmap | None) -> bytes | bytearray | mmap.mmap:
         """Rank 0's ``data`` on every rank, sent in place as one raw buffer (an index can be 100+ MB)."""
         if self.comm is None:
             assert data is not None
@@ -175,16 +176,12 @@ def load_index(store_root: str, world: World) -> Index:
     data, error, index = None, None, None
     if world.rank == 0:
         try:
-            with open(path, "rb") as f:
-                before = file_identity(f.fileno())
-                data = bytearray(os.fstat(f.fileno()).st_size)
-                f.readinto(data)  # straight into the buffer that is broadcast
-                unchanged = file_identity(f.fileno()) == before
-            index = Index(path, data=data, file_id=before if unchanged else None)
+            data, identity = read_index_file(path)  # the buffer broadcast (each read waited on for --store-timeout)
+            index = Index(path, data=data, file_id=identity)
+        except (StoreError, Stalled) as err:
+            error = str(err)
         except OSError as err:
             error = f"{store_root}: cannot read the index: {err.strerror or err}"
-        except StoreError as err:
-            error = str(err)
     world.agree(error)
     data = world.bcast_bytes(data)
     index = index or Index(path, data=data, validated=True)

@@ -130,7 +130,9 @@ def overlaps(index: Columns, entries: np.ndarray) -> bool:
     """Whether the byte range of any of ``entries`` (extents) holds a byte of a blob that is not its own.
 
     Every stored blob is placed by its start in (shard, offset) order; an extent's own blobs are back to back, so
-    another blob overlaps it exactly when one starts inside it or the blob before it runs into it."""
+    another blob overlaps it exactly when one starts inside it or one that starts before it runs into it: the
+    largest end among the blobs before it in its shard (not only the one just before: a long blob two places
+    before may run past a short one into it)."""
     present = np.flatnonzero(index.blob_stored > 0)
     blob_shard = _blob_shards(index)[present]
     order = np.lexsort((index.blob_offset[present], blob_shard))
@@ -155,7 +157,16 @@ def overlaps(index: Columns, entries: np.ndarray) -> bool:
     if ((after < present.size) & (shards[nxt] == shards[at]) & (starts[nxt] < extent_end)).any():
         return True
     before = np.maximum(at - 1, 0)
-    return bool(((at > 0) & (shards[before] == shards[at]) & (ends[before] > starts[at])).any())
+    furthest = _furthest(ends, shards, index.shard_size)[before]
+    return bool(((at > 0) & (shards[before] == shards[at]) & (furthest > starts[at])).any())
+
+
+def _furthest(ends: np.ndarray, shards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """For blobs in (shard, offset) order, the largest end of each blob and those before it in its shard: one running
+    maximum, each shard's ends lifted above every end of the shards before it by their sizes (an end lies within its
+    shard; the sizes add up to at most 2**62: validated)."""
+    lift = np.concatenate([[0], np.cumsum(sizes.astype(np.int64) + 1)[:-1]])[shards]
+    return np.maximum.accumulate(ends + lift) - lift
 
 
 def _blob_shards(index: Columns) -> np.ndarray:

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from ..errors import FanfsError, StoreError
 from ..records import Presentation, check_presentation, presentation_notes, side_names
 from ..store import Store
 from ..store.format import INDEX_NAME, SHARD_DIR
+from ..util.deadline import Deadline, Stalled, deadline_for, within
 from ..util.mounts import mounted, unmount
 from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
@@ -68,9 +69,10 @@ class Hooks:
     """The presentation was switched (in the control thread, once the switch is done)."""
 
 
-def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
-    """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon
-    will open (``opened``: what it is -> path): through its own mount, the daemon would wait on itself."""
+def check_mountpoint(mountpoint: str, store_root: str, local_dir: str | None = None) -> None:
+    """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon of
+    ``store_root`` (and ``local_dir``) will open: through its own mount, the daemon would wait on itself.  On a network
+    file system the store's paths are looked at for ``--store-timeout`` at most each (Stalled)."""
     if mounted(mountpoint):
         alive = os.path.ismount(mountpoint) and not control.daemon_ended(mountpoint)  # a dead root may stat from cache
         dead = "" if alive else " whose daemon has ended (it answers 'Transport endpoint is not connected')"
@@ -80,8 +82,9 @@ def check_mountpoint(mountpoint: str, opened: Mapping[str, str]) -> None:
     if not os.path.isdir(mountpoint):
         raise StoreError(f"mount point {mountpoint} is not a directory: give a directory (mkdir -p one)")
     st = os.stat(mountpoint)
-    for what, path in opened.items():
-        if _at_or_under(path, (st.st_dev, st.st_ino)):
+    reads = deadline_for(store_root) or deadline_for(os.path.join(store_root, SHARD_DIR))  # its shards: a link away?
+    for what, path in _opened_paths(store_root, local_dir, reads).items():
+        if within(reads, path, _at_or_under, path, (st.st_dev, st.st_ino)):
             raise StoreError(f"{what} {path} is the mount point {mountpoint} or lies under it: the daemon would "
                              "read it through its own mount and hang; mount somewhere else")
 
@@ -104,20 +107,26 @@ def _at_or_under(path: str, directory: tuple[int, int]) -> bool:
         current = parent
 
 
-def opened_paths(store_root: str, local_dir: str | None = None) -> dict[str, str]:
+def _opened_paths(store_root: str, local_dir: str | None, reads: Deadline | None) -> dict[str, str]:
     """What a daemon serving ``store_root`` opens while it serves: none may lie under its mount point.
     Its index and shards are named one by one, since any of them may be a symbolic link elsewhere."""
     shards = os.path.join(store_root, SHARD_DIR)
     paths = {"the store": store_root, "its index": os.path.join(store_root, INDEX_NAME), "its shards": shards}
     try:
-        with os.scandir(shards) as entries:
-            paths.update((f"its shard {entry.name}", entry.path) for entry in entries)
+        paths.update(within(reads, shards, _shard_paths, shards))
+    except Stalled:
+        raise
     except OSError:  # no store here: opening it says so
         pass
     paths["the runtime directory"] = runtime_dir()
     if local_dir is not None:
         paths["the local directory"] = local_dir
     return paths
+
+
+def _shard_paths(shards: str) -> dict[str, str]:
+    with os.scandir(shards) as entries:
+        return {f"its shard {entry.name}": entry.path for entry in entries}
 
 
 def mount(store_path: str, mountpoint: str, options: MountOptions,
@@ -130,7 +139,7 @@ def mount(store_path: str, mountpoint: str, options: MountOptions,
     lock = control.MountLock(mountpoint)
     keep_large_buffers()  # the index's validation reuses heap pages for its temporaries (0.1-0.2 s of page faults)
     try:
-        check_mountpoint(mountpoint, opened_paths(store_path))
+        check_mountpoint(mountpoint, store_path)
         store = Store(os.path.abspath(store_path), cache_size=options.cache_size)
         check_presentation(store.index, options.presentation)
         return start(store, mountpoint, options, lock=lock, hooks=hooks(store) if hooks is not None else None)

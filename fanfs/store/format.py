@@ -25,6 +25,7 @@ import xxhash
 
 from ..errors import StoreError
 from ..util.checksum import checksum  # noqa: F401  (re-exported: the store's checksum)
+from ..util.deadline import Deadline, Stalled, close_within, deadline_for, within
 from ..util.files import open_regular
 
 FORMAT_VERSION = 5
@@ -132,47 +133,57 @@ def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.nda
 
 def read_index(path: str, data: mmap.mmap | bytes | bytearray | None = None
                ) -> tuple[dict[str, Any], dict[str, np.ndarray], int, int, str | None]:
-    """Read an index into memory of this process's own, verify its checksum and version, and return (meta, read-only
-    columns, its size, its checksum, the file's identity: see :mod:`.trust`; None for ``data`` or a file written to
-    meanwhile).
+    """Read an index into memory of this process's own (:func:`read_index_file`), verify its checksum and version, and
+    return (meta, read-only columns, its size, its checksum, the file's identity: see :mod:`.trust`; None for ``data``
+    or a file written to meanwhile).
 
     The columns are views of a private copy, never a mapping of the file: what was verified is what is served,
     whatever happens to the file afterwards (rewritten in place, or cut short by ``cp`` or ``rsync --inplace``
-    over the store: a shared mapping served another file's bytes, or died of SIGBUS).  Anonymous memory, so the
-    serving processes forked later share it.  ``data``: the index file's bytes already in memory (broadcast to
-    the nodes of a job): the columns are views of it, no copy.
+    over the store: a shared mapping served another file's bytes, or died of SIGBUS).  ``data``: the index file's
+    bytes already in memory (broadcast to the nodes of a job): the columns are views of it, no copy.
     """
-    from .trust import file_identity
     read_from = None
     if data is None:
-        try:
-            fd = open_regular(path)
-        except FileNotFoundError:
-            raise StoreError(f"{os.path.dirname(path) or '.'}: no index: not a fanfs store, or its pack did not "
-                             "finish (run 'fanfs pack' again)") from None
-        except OSError as err:
-            raise StoreError(f"{path}: cannot open the index: {err.strerror}") from None
-        try:
-            before = file_identity(fd)
-            data = _read_private(fd, path)
-            read_from = before if file_identity(fd) == before else None  # not written to while it was read
-        finally:
-            os.close(fd)
+        data, read_from = read_index_file(path)
     view = memoryview(data)
     json_len, digest = _check_index(path, len(data), lambda length, offset: view[offset:offset + length])
     return (*_parse_index(data, json_len), digest, read_from)
 
 
-def _read_private(fd: int, path: str) -> mmap.mmap | bytes:
-    """The whole file at ``fd`` in anonymous memory (a short read: the file was cut meanwhile, refused)."""
-    size = os.fstat(fd).st_size
+def read_index_file(path: str) -> tuple[mmap.mmap | bytes, str | None]:
+    """The index file's bytes in anonymous memory (the serving processes forked later share it), and the file's
+    identity (:mod:`.trust`; None if it was written to while it was read).  On a network file system each step is
+    waited on for ``--store-timeout`` at most (:mod:`fanfs.util.deadline`): a stalled one is Stalled, not a hang."""
+    from .trust import file_identity
+    reads = deadline_for(os.path.dirname(path) or ".")
+    try:
+        fd = within(reads, path, open_regular, path)
+    except FileNotFoundError:
+        raise StoreError(f"{os.path.dirname(path) or '.'}: no index: not a fanfs store, or its pack did not "
+                         "finish (run 'fanfs pack' again)") from None
+    except Stalled:
+        raise
+    except OSError as err:
+        raise StoreError(f"{path}: cannot open the index: {err.strerror}") from None
+    try:
+        before = within(reads, path, file_identity, fd)
+        data = _read_private(fd, path, reads)
+        return data, before if within(reads, path, file_identity, fd) == before else None  # not written to meanwhile
+    finally:
+        close_within(reads, [fd])
+
+
+def _read_private(fd: int, path: str, reads: Deadline | None) -> mmap.mmap | bytes:
+    """The whole file at ``fd`` in anonymous memory, each block waited on for ``reads``' time (a short read: the file
+    was cut meanwhile, refused)."""
+    size = within(reads, path, os.fstat, fd).st_size
     if not size:
         return b""
     memory = mmap.mmap(-1, size)
     view = memoryview(memory)
     pos = 0
     while pos < size:
-        got = os.preadv(fd, [view[pos:min(size, pos + _BLOCK)]], pos)
+        got = within(reads, path, os.preadv, fd, [view[pos:min(size, pos + _BLOCK)]], pos)
         if got <= 0:
             raise StoreError(f"{path}: index is truncated ({pos} of {size} bytes): it changed while it was read")
         pos += got

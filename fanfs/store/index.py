@@ -13,6 +13,7 @@ columns and their types are in :mod:`.schema`.
 
 from __future__ import annotations
 
+import mmap
 from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
@@ -37,7 +38,7 @@ class ColumnItems:
 class Index:
     """Read-only view of an index file; attribute columns are public numpy arrays."""
 
-    def __init__(self, path: str, data: bytes | bytearray | None = None, *, validated: bool = False,
+    def __init__(self, path: str, data: bytes | bytearray | mmap.mmap | None = None, *, validated: bool = False,
                  file_id: str | None = None) -> None:
         """``data``: the file's bytes already in memory (broadcast to a job's nodes) instead of reading ``path``.
 

@@ -27,6 +27,7 @@ from ..errors import DataError, FanfsError, NotHeld, StoreError, WouldWait
 from ..records import FULL, SIDE_LAYER, SIDE_LAYERS, Presentation, RecordKind, kind_table, kinds
 from ..records.base import Span
 from .shared import ReportTimes
+from ..util.deadline import deadline_for, within
 from .stream import BlobCache, StreamChunks
 from .extents import ExtentPlaces
 from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, checksum, shard_name
@@ -81,7 +82,7 @@ class Store:
         node's placement and staged layers); by default every file's are, unless the store is on a network file
         system."""
         self.root = root
-        if not os.path.isdir(root):
+        if not within(deadline_for(root), root, os.path.isdir, root):  # a stalled file system: Stalled, not a hang
             raise StoreError(f"{root}: no such store directory")
         self.index = index if index is not None else Index(os.path.join(root, INDEX_NAME))
         meta = self.index.meta

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import NotHeld, StoreError, WouldWait
-from ..util.deadline import deadline_for
+from ..util.deadline import close_within, deadline_for, within
 from ..util.files import open_regular
 from .resident import Unsupported, pread_resident
 from .format import SHARD_DIR, SHARD_HEADER, check_shard_header, shard_name
@@ -199,9 +199,8 @@ class LocalShards(ShardSource):
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            fds, self._fds = list(self._fds.values()), {}
+        close_within(self.deadline, fds)  # a close may wait on a stalled server too (sshfs's flush)
 
     def stop_waiting(self) -> None:
         if self.deadline is not None:
@@ -247,29 +246,37 @@ class HeldShards(LocalShards):
 def check_shard_files(root: str, sizes: np.ndarray, store_id: bytes, keep: LocalShards | None = None) -> None:
     """Refuse a store whose shard files are missing, cut short, foreign or not regular files.  ``keep``: the source
     that reads these files, given the descriptors opened here (a forked reader, such as a DataLoader worker, inherits
-    them instead of opening and checking every shard again: ~20 us each)."""
+    them instead of opening and checking every shard again: ~20 us each).  On a network file system each shard's
+    check is waited on for ``--store-timeout`` at most (Stalled)."""
     directory = os.path.join(root, SHARD_DIR)
+    reads = keep.deadline if keep is not None else deadline_for(directory)
     for shard in range(sizes.size):
         path = os.path.join(directory, shard_name(shard))
-        try:
-            fd = open_regular(path)
-        except FileNotFoundError:
-            raise StoreError(f"{root}: incomplete store: shard {shard_name(shard)} is missing") from None
-        except OSError as err:
-            raise StoreError(f"{path}: {err.strerror}") from None
-        try:
-            check_shard_header(os.pread(fd, SHARD_HEADER.size, 0), shard, store_id, path)
-            size = os.fstat(fd).st_size
-            if size != int(sizes[shard]):
-                raise StoreError(f"{root}: incomplete store: shard {shard_name(shard)} has {size} bytes, "
-                                 f"the index says {int(sizes[shard])}")
-        except BaseException:
-            os.close(fd)
-            raise
+        fd = within(reads, path, _checked_shard, root, path, shard, store_id, int(sizes[shard]), keep is not None)
         if keep is not None:
             keep.adopt(shard, fd)
-        else:
-            os.close(fd)
+
+
+def _checked_shard(root: str, path: str, shard: int, store_id: bytes, size: int, keep: bool) -> int | None:
+    """Open and check one shard file; its descriptor if ``keep``, else closed."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise StoreError(f"{root}: incomplete store: shard {shard_name(shard)} is missing") from None
+    except OSError as err:
+        raise StoreError(f"{path}: {err.strerror}") from None
+    try:
+        check_shard_header(os.pread(fd, SHARD_HEADER.size, 0), shard, store_id, path)
+        if (found := os.fstat(fd).st_size) != size:
+            raise StoreError(f"{root}: incomplete store: shard {shard_name(shard)} has {found} bytes, the index "
+                             f"says {size}")
+    except BaseException:
+        os.close(fd)
+        raise
+    if keep:
+        return fd
+    os.close(fd)
+    return None
 
 
 def reopen(fd: int) -> int:

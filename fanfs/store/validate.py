@@ -236,7 +236,7 @@ def _check_files(index: Any) -> None:
     if (f[1:] < f[:-1] + c[:-1]).any():
         f, c, shard_of_file = _shared_ranges(index, f, c, shard_of_file, held)
     sizes = _ints(index.shard_size, "a shard size is impossible")
-    if (sizes < SHARD_HEADER.size).any():
+    if (sizes < SHARD_HEADER.size).any() or sum(sizes.tolist()) > _MAX_INT:  # a store of more than 4 EiB
         raise _fail("a shard size is impossible")
     for low in range(0, f.size, SLAB):
         _check_blob_slab(index, f[low:low + SLAB], c[low:low + SLAB], shard_of_file[low:low + SLAB], sizes)

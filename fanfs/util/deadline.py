@@ -7,11 +7,15 @@ EIO (the store answers the read with EIO and a log line naming the file), while 
 until the file system answers.  Once a read was given up on, the store is *stalled*: reads fail at once (one every
 ``seconds`` is still asked, not waited for: a probe; none once :data:`STUCK` threads are stuck, so memory stays
 bounded).  The first answer from it (a stuck read returning at last, or a probe) ends the stall: reads go to it
-again, on the same mount.
+again, on the same mount.  Opening a store (its index, its shards' checks, a mount point's check) and staging it are
+waited on alike, every call (:func:`within`), and so is asking which file system it is on (:func:`deadline_for`): a
+command then fails with one line.  A process whose thread waits in the kernel cannot end until it is answered
+(:func:`unanswered`): ``fanfs mount`` and ``stage`` leave such a process behind (:mod:`fanfs.cli.supervise`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -66,10 +70,42 @@ def network_file_system(path: str) -> str | None:
 
 
 def deadline_for(directory: str) -> Deadline | None:
-    """The deadline for reads of ``directory``'s files: None where they need none (a local disk; a timeout of 0)."""
+    """The deadline for reads of ``directory``'s files: None where they need none (a local disk; a timeout of 0).
+    Asking which file system it is waits on its server too (a ``statfs``): that is waited on for the deadline's time,
+    and Stalled if it does not answer."""
     seconds = store_timeout()
-    kind = network_file_system(directory) if seconds else None
-    return Deadline(f"{directory} (on {kind})", seconds) if kind else None
+    if not seconds:
+        return None
+    deadline = Deadline(directory, seconds)
+    kind = deadline.run(directory, network_file_system, directory)
+    if kind is None:
+        deadline.retire()
+        return None
+    deadline.name = f"{directory} (on {kind})"
+    return deadline
+
+
+def within(deadline: Deadline | None, what: str, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)``, waited on for ``deadline``'s time at most (:meth:`Deadline.run`); None: called here."""
+    return function(*args) if deadline is None else deadline.run(what, function, *args)
+
+
+def close_within(deadline: Deadline | None, fds: list[int]) -> None:
+    """Close descriptors of files that ``deadline`` bounds the reads of (:meth:`Deadline.close`); None: here."""
+    if deadline is None:
+        _close_all(fds)
+    else:
+        deadline.close(fds)
+
+
+def unanswered() -> int:
+    """Calls of this process given up on (or not waited for) whose threads still wait: the process cannot end until
+    the file systems answer them (a FUSE request sshfs has taken is waited for beyond any signal)."""
+    return len(_UNANSWERED)
+
+
+_UNANSWERED: set[object] = set()
+os.register_at_fork(after_in_child=_UNANSWERED.clear)  # a forked child has none of its parent's threads
 
 
 class Stalled(OSError):
@@ -102,7 +138,7 @@ class Deadline:
 
     def _start(self) -> None:
         self._lock = threading.Lock()
-        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()  # None: a thread ends
         self._idle = self._stuck = 0
         self._waiting: set[_Call] = set()
         self._stopped = False
@@ -115,6 +151,7 @@ class Deadline:
             probe = self._admit(what)
             if probe:  # asked, but not waited for
                 call.late, stalled = True, self._stalled(what)
+                _UNANSWERED.add(call)
                 self._stuck += 1
             else:
                 self._waiting.add(call)
@@ -125,17 +162,22 @@ class Deadline:
         self._calls.put(call)
         if probe:
             raise stalled
-        call.done.wait(self.seconds)
-        with self._lock:
-            self._waiting.discard(call)
-            if not call.done.is_set():
-                call.late = True
-                self._stuck += 1
-                self._clock[1] = time.monotonic()
-                if not self._clock[0]:
-                    self._clock[0] = call.asked
-                raise Stalled(f"{what}: no answer within {self.seconds:g} s (--store-timeout): its file system is "
-                              "stalled")
+        try:
+            call.done.wait(self.seconds)
+        finally:  # also when the wait is interrupted (a Ctrl-C): the call is left to its thread
+            with self._lock:
+                self._waiting.discard(call)
+                answered = call.done.is_set()
+                if not answered:
+                    call.late = True
+                    _UNANSWERED.add(call)
+                    self._stuck += 1
+                    self._clock[1] = time.monotonic()
+                    if not self._clock[0]:
+                        self._clock[0] = call.asked
+        if not answered:
+            raise Stalled(f"{what}: no answer within {self.seconds:g} s (--store-timeout): its file system is stalled; "
+                          "try again once its server answers")
         if call.error is not None:
             raise call.error
         return call.result
@@ -159,8 +201,7 @@ class Deadline:
                        f"unanswered, the first asked {since:.0f} s ago)")
 
     def _work(self) -> None:
-        while True:
-            call = self._calls.get()
+        while (call := self._calls.get()) is not None:
             try:
                 call.result = call.function(*call.args)
             except BaseException as err:  # the caller's to see (or nobody's, if it gave up)
@@ -170,6 +211,7 @@ class Deadline:
                 self._idle += 1
                 if call.late:
                     self._stuck -= 1
+                    _UNANSWERED.discard(call)
                 if self._clock[0]:
                     log.info("%s answers again after %.0f s", self.name, time.monotonic() - self._clock[0])
                     self._clock[0] = 0.0
@@ -182,6 +224,43 @@ class Deadline:
                 call.error = Stalled("not read: the mount is ending")
                 call.done.set()
 
+    def close(self, fds: list[int]) -> None:
+        """Close descriptors of files on this file system.  On a FUSE one (sshfs) a close asks its server too (a
+        flush), which a stalled server leaves waiting, as a read: so a thread of its own closes them, waited on for
+        ``seconds`` at most, and not at all while the file system is stalled or once the mount ends (they are closed
+        when it answers, or by the process's exit, which then waits in the kernel, not in fanfs)."""
+        if not fds:
+            return
+        token = object()
+        _UNANSWERED.add(token)
+
+        def close() -> None:
+            try:
+                _close_all(fds)
+            finally:
+                _UNANSWERED.discard(token)
+
+        closing = threading.Thread(target=close, name="fanfs-store-close", daemon=True)
+        closing.start()
+        with self._lock:
+            wait = not self._stopped and not self._clock[0]
+        if wait:
+            closing.join(self.seconds)
+
+    def retire(self) -> None:
+        """No more calls: its idle threads end (a deadline found needless, a local disk's)."""
+        with self._lock:
+            self._stopped = True
+            for _ in range(self._idle):
+                self._calls.put(None)
+            self._idle = 0
+
     def after_fork(self) -> None:
         """In a forked child: no thread of the parent's is here (nor stuck); the stall, if any, is shared."""
         self._start()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):  # a file only read: an error at its close (NFS's EIO) changes nothing
+            os.close(fd)

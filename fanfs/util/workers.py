@@ -38,8 +38,8 @@ def pid_alive(pid: int) -> bool:
 
 def wait_ended(pid: int, seconds: float) -> bool:
     """Whether process ``pid`` has ended, waited for up to ``seconds``: gone, a zombie (reaped if it is a child of
-    ours), or exited but for threads the kernel holds (state D: waiting on a file system that does not answer, they
-    serve nothing and go when it answers)."""
+    ours), or exited but for threads the kernel holds (:func:`exited`: waiting on a file system that does not answer,
+    they serve nothing and go when it answers)."""
     deadline = time.monotonic() + seconds
     while pid_alive(pid):
         with contextlib.suppress(ChildProcessError):
@@ -53,20 +53,30 @@ def wait_ended(pid: int, seconds: float) -> bool:
     return True
 
 
+PF_EXITING = 0x4
+"""A task flag (``/proc/PID/task/TID/stat``'s ninth field): the thread is in its exit and runs no more user code."""
+
+
 def exited(pid: int, held: bool = False) -> bool:
     """Whether process ``pid`` has exited: its first thread is a zombie, and so is every other one but those the kernel
-    holds (state D: waiting on a file system that does not answer); ``held``: and there is one such."""
-    states = set((found := thread_states(pid)).values())
-    return found.get(pid, b"Z") == b"Z" and states <= {b"Z", b"D"} and (b"D" in states or not held)
+    holds: in state D (a read waiting on a file system that does not answer, its kill pending), or in their exit,
+    whatever their state (closing the process's files: a close on a FUSE file system asks its server, sshfs's, and
+    waits, interruptibly: state S, for an answer that a stalled server never gives); ``held``: and there is one such."""
+    threads = thread_states(pid)
+    if threads.get(pid, (b"Z", 0))[0] != b"Z":
+        return False
+    waiting = [(state, flags) for state, flags in threads.values() if state != b"Z"]
+    return all(state == b"D" or flags & PF_EXITING for state, flags in waiting) and (bool(waiting) or not held)
 
 
-def thread_states(pid: int) -> dict[int, bytes]:
-    """The kernel's state letter of each thread of process ``pid`` (R, S, D, Z...; empty if it is gone)."""
+def thread_states(pid: int) -> dict[int, tuple[bytes, int]]:
+    """The kernel's state letter (R, S, D, Z...) and flags of each thread of process ``pid`` (empty if it is gone)."""
     states = {}
     with contextlib.suppress(OSError):
         for task in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
-                states[int(task)] = f.read().rsplit(b")", 1)[1].split()[0]
+                fields = f.read().rsplit(b")", 1)[1].split()
+                states[int(task)] = (fields[0], int(fields[6]))
     return states
 
 

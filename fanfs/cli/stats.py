@@ -1,0 +1,116 @@
+"""``fanfs stats``: what a mount served, from where, and what its cache and read-ahead hold, as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..util.units import human_size
+from .args import print_json
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from ..records import Presentation, setting
+    from ..serve.control import request
+    stats = request(args.mountpoint, {"cmd": "stats"})
+    shown = Presentation({name: stats[name] for name in Presentation.NAMES}).describe()
+    if args.json:  # settings as their options write them ("full", "4", "1/2"), not their codes (65535)
+        for values in (stats, stats.get("staged", {})):
+            values.update({name: setting(name).format(values[name]) for name in Presentation.NAMES if name in values})
+        print_json(stats)
+        return 0
+    print("\n".join(_stats_lines(args.mountpoint, stats, shown)))
+    return 0
+
+
+def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
+    """``fanfs stats`` as text: what was served, at what rate since the mount, from which layers and sources."""
+    from ..records import Presentation
+    lines = []
+    hits, misses = stats["cache_hits"], stats["cache_misses"]
+    seconds = stats.get("seconds")  # a node without a mount does not say
+    rate = f" in {seconds:,.1f} s since the mount ({stats['reads'] / max(seconds, 1e-3):,.0f}/s on average)" if seconds else ""
+    throughput = f" ({human_size(stats['bytes_presented'] / max(seconds, 1e-3))}/s)" if seconds else ""
+    if "node_dir" in stats:  # a node serving without a mount: its readers read in-process
+        lines.append(f"node       {mountpoint} -> {stats['store']}  (no mount: in-process readers read here; staged at {shown})")
+    else:
+        lines.append(f"mount      {mountpoint} -> {stats['store']}  ({shown})")
+    lines.append(f"reads      {stats['reads']:,}{rate}   errors {stats['errors']:,}"
+                 + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
+                    if stats["workers"] > 1 else ""))
+    lines.append(f"presented  {human_size(stats['bytes_presented'])}{throughput}   read from storage "
+                 f"{human_size(stats['bytes_stored_read'])}"
+                 + (f"   in {human_size(stats['bytes_presented'] // stats['reads'])} per read" if stats["reads"] else ""))
+    if stats.get("bytes_spliced") or stats.get("bytes_verified"):
+        lines.append(f"spliced    {human_size(stats['bytes_spliced'])} of it by the kernel from the shards' pages (extents), "
+                     f"{human_size(stats['bytes_verified'])} of those pages read here once to verify them")
+    if stats.get("readahead"):
+        lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files)")
+    if "reads_in_memory" in stats:
+        lines.append(f"requests   {stats['reads_in_memory']:,} answered at once (their bytes were in memory), "
+                     f"{stats['reads_deferred']:,} by threads that waited on a disk or a peer")
+    if "lookups" in stats:  # a mount's requests for names: one per name not seen in a listing first
+        lines.append(f"names      {stats['lookups']:,} looked up, {stats['listed']:,} given with their attributes in listings")
+    lines.append(f"blobs      {hits + misses:,} read, {hits:,} of them from fanfs's memory cache (--cache-size keeps only "
+                 "blobs read in parts; a file read whole is cached by the kernel, whose hits never reach fanfs)")
+    lines.append(f"decode     {stats['decode_seconds']:.3f} s decompressing blobs")
+    lines += [f"note       {note}" for note in stats.get("notes", [])]
+    if stats["stored_by_layer"] and stats["layered"]:  # a store of plain files has one layer: nothing to tell
+        lines.append("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"], 1)))
+    if stats.get("stored_by_side_layer"):
+        names = stats.get("side_names", [])
+        lines.append("per tier   " + "  ".join(f"{names[i] if i < len(names) else f'side {i + 1}'}: {human_size(b)}"
+                                            for i, b in enumerate(stats["stored_by_side_layer"]) if b))
+    if "cache" in stats:
+        lines += _cache_lines(stats["cache"], stats.get("prefetch"))
+    elif "prefetch" in stats:
+        lines += _ahead_lines(stats["prefetch"])
+    elif "staged" in stats:
+        staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
+        lines.append(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
+    if "cluster" in stats:
+        c = stats["cluster"]
+        lines.append(f"node       rank {c['rank']} of {c['nodes']}, {c['local_blobs']:,} blobs held, {c['replicas']} replicas")
+        lines.append(f"local      {human_size(c['local_bytes'])}   remote {human_size(c['remote_bytes'])} in "
+                     f"{c['remote_requests']:,} requests ({c['remote_latency_mean_ms']:.2f} ms mean, "
+                     f"{c['remote_latency_max_ms']:.2f} ms max; {c['remote_timeouts']} timeouts, {c['remote_failures']} failed)")
+        lines.append(f"served     {human_size(c['served_bytes'])} in {c['served_requests']:,} requests to peers "
+                     f"({c['refused']} refused, {c['failed']} failed)")
+    return lines
+
+
+def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
+    """``fanfs stats`` of a lazily staged node's cache, one account: what it may keep and has on disk; what reads fetched
+    since the mount, kept or not; what it keeps now, and how much of that it had when the mount started; hits and
+    read-throughs; what it fetched ahead of its readers (``ahead``, once it was given their order)."""
+    capacity = f"capacity {human_size(cache['capacity'])}" if cache["capacity"] is not None else "no capacity set"
+    ahead_kept = ahead["kept_fills"] if ahead is not None else 0
+    peers = f", {cache['peer_fills']:,} of them copied from a peer that fetched them" if cache.get("peer_fills") else ""
+    unkept = (f", {cache['unkept']:,} ({human_size(cache['unkept_bytes'])}) could not be kept (the local directory "
+              "was full: see the log)") if cache["unkept"] else ""
+    lines = [f"cache      filled as read, {capacity}: keeps up to {human_size(cache['keeps_bytes'])} of its "
+             f"{human_size(cache['share_bytes'])} share; {human_size(cache['held_bytes'])} on disk now "
+             f"({human_size(cache['ahead_bytes'])} of it fetched ahead)",
+             f"fetched    {cache['fills']:,} blobs ({human_size(cache['fill_bytes'])}) by reads since the mount{peers}: "
+             f"{cache['fills'] - cache['unkept']:,} kept ({human_size(cache['fill_bytes'] - cache['unkept_bytes'])})"
+             f"{unkept}",
+             f"kept now   {cache['kept_blobs']:,} blobs ({human_size(cache['kept_stored_bytes'])}), "
+             f"{cache['kept_at_start']:,} of them kept when the mount started"
+             + (f", {ahead_kept:,} fetched ahead of the readers" if ahead_kept else "")
+             + (f"; {cache['dropped']:,} bad copies dropped since (see the log)" if cache["dropped"] else ""),
+             f"hits       {cache['hit_blobs']:,} blobs read here ({human_size(cache['hit_bytes'])}), "
+             f"{human_size(cache['read_through_bytes'])} read through (blobs this node does not keep)"]
+    if ahead is not None:
+        lines += _ahead_lines(ahead)
+    return lines
+
+
+def _ahead_lines(ahead: dict) -> list[str]:
+    """``fanfs stats`` of a mount's read-ahead of a known order: how far ahead it is, what it read, and where."""
+    streams = ", ".join(f"{name} at {s['position']:,} of {s['files']:,}" for name, s in ahead["streams"].items())
+    where = (f": {ahead['kept_fills']:,} blobs kept, {ahead['from_peers']:,} from peers, {ahead['from_shared']:,} "
+             "from the shared store" if "kept_fills" in ahead else "")
+    return [f"ahead      {ahead['files']:,} files read ahead of the readers ({human_size(ahead['bytes'])}{where}), "
+            f"{ahead.get('in_memory', 0):,} in memory already, {ahead['skipped']:,} read before their turn, "
+            f"{ahead['given_up']:,} given up",
+            f"           now {ahead['ahead_files']:,} files, {human_size(ahead['ahead_bytes'])} ahead (budget "
+            f"{human_size(ahead['budget'])}); order: {streams}"]
