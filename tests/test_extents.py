@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from fanfs_command import fanfs, stats_command as stats
 from support.crafting import rewrite
-from support.nobody import RUN_AS_NOBODY
+from support.nobody import RUN_AS_NOBODY, as_nobody
 
 from fanfs.errors import StoreError
 from fanfs.records.extent import ALIGN, EXTENT_MIN, Extents
@@ -153,10 +153,14 @@ def test_a_crafted_extent_is_refused_at_open_with_one_line(crafting, tmp_path, c
     assert done.returncode == 1 and done.stderr.startswith("fanfs: error:") and "Traceback" not in done.stderr
 
 
-def _daemon_rchar(mnt: Path) -> int:
-    pid = control.request(str(mnt), {"cmd": "status"}, timeout=5)["pid"]
+def _rchar(pid: int) -> int:
+    """Bytes process ``pid`` has read, by any system call (a copied reply's ``pread`` too; a splice's pages, never)."""
     with open(f"/proc/{pid}/io") as f:
         return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def _daemon_rchar(mnt: Path) -> int:
+    return _rchar(control.request(str(mnt), {"cmd": "status"}, timeout=5)["pid"])
 
 
 def _drop_pages(path: Path) -> None:
@@ -237,6 +241,11 @@ def test_a_flipped_byte_under_an_extent_is_an_eio_and_a_log_line(extents, tmp_pa
         assert len(lines) == 1 and "vol/big.raw" in lines[0] and "checksum mismatch" in lines[0], lines
 
 
+def _as_nobody_sha256(path: Path) -> str:
+    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sha256sum", str(path)],
+                          check=True, capture_output=True, text=True).stdout.split()[0]
+
+
 @pytest.fixture
 def fuse_for_users():
     """/dev/fuse open to every user, as a distribution ships it (a container may make it root's alone)."""
@@ -248,6 +257,9 @@ def fuse_for_users():
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to be another user")
 def test_an_unprivileged_daemon_splices_too(extents, fuse_for_users):
+    """A plain user's daemon splices too: a re-read after the file's pages were dropped is served (``bytes_spliced``
+    grows by the file) while the daemon reads none of its bytes (its ``rchar``).  ``bytes_spliced`` alone counts the
+    replies handed to libfuse, which copies them through the daemon, silently, where it cannot splice."""
     src, store, _ = extents
     mine = Path(tempfile.mkdtemp(prefix="fanfs-test-nobody-"))  # not under pytest's directory: root's alone
     shutil.copytree(store, mine / "store")
@@ -259,18 +271,53 @@ def test_an_unprivileged_daemon_splices_too(extents, fuse_for_users):
     fanfs_as_nobody = [sys.executable, str(RUN_AS_NOBODY)]  # the daemon and the commands as nobody, in nobody's
     env = {k: v for k, v in os.environ.items() if k != "FANFS_RUNTIME_DIR"}  # runtime directory, not this session's
     subprocess.run([*fanfs_as_nobody, "mount", str(mine / "store"), str(mnt)], check=True, capture_output=True, env=env)
+    big = mnt / "vol" / "big.raw"
+
+    def spliced_by_nobody() -> int:
+        return json.loads(subprocess.run([*fanfs_as_nobody, "stats", str(mnt), "--json"], check=True,
+                                         capture_output=True, text=True, env=env).stdout)["bytes_spliced"]
+
     try:
-        digest = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sha256sum",
-                                 str(mnt / "vol" / "big.raw")], check=True, capture_output=True, text=True).stdout
-        assert digest.split()[0] == hashlib.sha256((src / "vol" / "big.raw").read_bytes()).hexdigest()
-        got = json.loads(subprocess.run([*fanfs_as_nobody, "stats", str(mnt), "--json"], check=True,
-                                        capture_output=True, text=True, env=env).stdout)
-        assert got["bytes_spliced"] == (src / "vol" / "big.raw").stat().st_size
+        pid = int(subprocess.run([*fanfs_as_nobody, "wait", str(mnt)], check=True, capture_output=True, text=True,
+                                 env=env).stdout.rpartition("(pid ")[2].rstrip(")\n"))
+        want = hashlib.sha256((src / "vol" / "big.raw").read_bytes()).hexdigest()
+        assert _as_nobody_sha256(big) == want  # each chunk read once by the daemon: verified
+        # its pages dropped (as _drop_pages does), by nobody: root is refused the files of nobody's mount
+        as_nobody("dd", f"if={big}", "iflag=nocache", "count=0", "status=none")
+        before, spliced = _rchar(pid), spliced_by_nobody()
+        assert _as_nobody_sha256(big) == want
+        read_by_daemon = _rchar(pid) - before
+        assert spliced_by_nobody() - spliced == (src / "vol" / "big.raw").stat().st_size  # the daemon was asked again
+        assert read_by_daemon < 256 << 10, read_by_daemon  # the control socket's requests, no file bytes: spliced
     finally:
         subprocess.run([*fanfs_as_nobody, "umount", str(mnt)], capture_output=True, env=env)
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-uz", str(mnt)])
         shutil.rmtree(mine, ignore_errors=True)
+
+
+_PIPES_AS_NOBODY = """
+import os, pwd
+from fanfs.serve.splice import max_read, pipe_problem
+nobody = pwd.getpwnam("nobody")
+os.setgroups([])
+os.setgid(nobody.pw_gid)
+os.setuid(nobody.pw_uid)
+print(pipe_problem(max_read()))
+print(pipe_problem(1 << 20))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_a_plain_users_pipe_holds_a_reply_of_max_read():
+    """libfuse grows a pipe to a spliced reply's size and some pages, and a plain user may not grow one past
+    pipe-max-size (root may, with CAP_SYS_RESOURCE, which root here lacks only by accident): as nobody, the pipe for a
+    reply of ``max_read`` bytes is granted, where one for a 1 MiB reply is not (libfuse would copy every reply)."""
+    done = subprocess.run([sys.executable, "-c", _PIPES_AS_NOBODY], check=True, capture_output=True, text=True)
+    at_max_read, at_one_mib = done.stdout.splitlines()
+    assert at_max_read == "None", at_max_read
+    if int(Path("/proc/sys/fs/pipe-max-size").read_text()) <= 1 << 20:  # the kernel's default, 1 MiB
+        assert "is refused" in at_one_mib, at_one_mib
 
 
 @pytest.mark.parametrize("stage", ["full", "lazy"])
@@ -289,9 +336,54 @@ def test_a_staged_copy_and_a_lazily_cached_one_are_spliced_too(extents, tmp_path
         again = stats(mnt)
     assert again["bytes_spliced"] - first["bytes_spliced"] == len(want)  # the whole re-read, from the node's copy
     assert read_by_daemon < 256 << 10, read_by_daemon
-    assert again["bytes_verified"] == first["bytes_verified"]  # each chunk verified once, at its first read
+    # each chunk verified once, at its first read: in the staged copy; the lazy cache's fill checked it on its way in
+    assert again["bytes_verified"] == first["bytes_verified"] == (len(want) if stage == "full" else 0)
     if stage == "lazy":
         assert again["cache"]["hit_bytes"] - first["cache"]["hit_bytes"] == len(want)
+
+
+def _flip(path: Path, position: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+@pytest.mark.parametrize("stage", ["full", "lazy"])
+def test_a_flipped_byte_in_a_staged_or_cached_copy_is_never_spliced(extents, tmp_path, mount, stage):
+    """A node's own copy is verified before its chunks are spliced, as the store's shard is: a byte flipped in a staged
+    share once it is staged (its only copy: one EIO and one line), or in a chunk the lazy cache kept at an earlier
+    mount (which this mount never checked: dropped, and fetched again from the store)."""
+    src, store, _ = extents
+    want = (src / "vol" / "big.raw").read_bytes()
+    chunk5 = want[5 * MIB:6 * MIB]
+    options = ("--local-dir", tmp_path / "local", "--stage", stage)
+    if stage == "lazy":
+        with mount(store, *options) as mnt:
+            assert (mnt / "vol" / "big.raw").read_bytes() == want
+    with mount(store, *options) as mnt:
+        copy = next(p for p in (tmp_path / "local").rglob("*") if p.is_file() and chunk5 in p.read_bytes())
+        _flip(copy, copy.read_bytes().index(chunk5) + 1234)
+        fd = os.open(mnt / "vol" / "big.raw", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 5 * MIB, 0) == want[:5 * MIB]
+            if stage == "full":
+                with pytest.raises(OSError) as err:
+                    os.pread(fd, MIB, 5 * MIB)
+                assert err.value.errno == errno.EIO
+            else:
+                assert os.pread(fd, MIB, 5 * MIB) == chunk5
+            assert os.pread(fd, MIB, 6 * MIB) == want[6 * MIB:7 * MIB]
+        finally:
+            os.close(fd)
+        log = Path(control.log_path(str(mnt))).read_text()
+        errors = stats(mnt)["errors"]
+    lines = [line for line in log.splitlines() if "EIO" in line]
+    if stage == "full":
+        assert len(lines) == 1 and "vol/big.raw" in lines[0] and "checksum mismatch" in lines[0], lines
+    else:
+        assert not lines and errors == 0, lines
 
 
 def test_a_mount_that_cannot_splice_says_so_once_and_copies_right(extents, mount, monkeypatch):
