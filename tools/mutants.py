@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", metavar="NAME", help="only these rows (default: every one)")
     parser.add_argument("--list", action="store_true", help="print the table's rows and check it; run nothing")
     parser.add_argument("-n", "--workers", default="0", help="pytest-xdist workers for each run (default 0: none)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="say how the tests failed on each caught break too")
     args = parser.parse_args(argv)
     breaks = load()
     problems = stale(breaks)
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{outcome:8} {b.name} ({time.monotonic() - began:.0f} s)", flush=True)
             if outcome != "caught":
                 survived.append(b.name)
+            if outcome != "caught" or args.verbose:
                 print("    " + said.replace("\n", "\n    "), flush=True)
     print(f"{len(chosen) - len(survived)} of {len(chosen)} breaks caught in {time.monotonic() - started:.0f} s" +
           (f"; not caught: {', '.join(survived)}" if survived else ""))
