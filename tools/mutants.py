@@ -83,10 +83,9 @@ def copy_tree(root: Path, to: Path) -> None:
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
                             capture_output=True, check=True).stdout
     for name in sorted(set(filter(None, listed.decode().split("\0")))):
-        source = root / name
-        if source.is_file() and not source.is_symlink():
+        if os.path.lexists(root / name):  # not a tracked file deleted since
             (to / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, to / name)
+            shutil.copy2(root / name, to / name, follow_symlinks=False)
 
 
 def run_tests(copy: Path, tests: tuple[str, ...], workers: str) -> tuple[int, str]:
