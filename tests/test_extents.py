@@ -211,6 +211,14 @@ def test_many_readers_at_odd_offsets_read_exact_bytes(extents, mount):
         assert stats(mnt)["errors"] == 0
 
 
+def _flip(path: Path, position: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
 def test_a_flipped_byte_under_an_extent_is_an_eio_and_a_log_line(extents, tmp_path, mount):
     src, store, _ = extents
     victim = tmp_path / "victim"
@@ -220,11 +228,7 @@ def test_a_flipped_byte_under_an_extent_is_an_eio_and_a_log_line(extents, tmp_pa
     first = int(s.index.first[entry])
     shard, bad = int(s.index.shard[entry]), int(s.index.blob_offset[first + 5]) + 1234  # in chunk 5
     s.close()
-    with open(victim / SHARD_DIR / shard_name(shard), "r+b") as f:
-        f.seek(bad)
-        byte = f.read(1)
-        f.seek(bad)
-        f.write(bytes([byte[0] ^ 0x40]))
+    _flip(victim / SHARD_DIR / shard_name(shard), bad)
     want = (src / "vol" / "big.raw").read_bytes()
     with mount(victim) as mnt:
         fd = os.open(mnt / "vol" / "big.raw", os.O_RDONLY)
@@ -340,14 +344,6 @@ def test_a_staged_copy_and_a_lazily_cached_one_are_spliced_too(extents, tmp_path
     assert again["bytes_verified"] == first["bytes_verified"] == (len(want) if stage == "full" else 0)
     if stage == "lazy":
         assert again["cache"]["hit_bytes"] - first["cache"]["hit_bytes"] == len(want)
-
-
-def _flip(path: Path, position: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(position)
-        byte = f.read(1)
-        f.seek(position)
-        f.write(bytes([byte[0] ^ 0x40]))
 
 
 @pytest.mark.parametrize("stage", ["full", "lazy"])
