@@ -274,14 +274,15 @@ def test_an_unprivileged_daemon_splices_too(extents, fuse_for_users):
             shutil.chown(name, "nobody", "nogroup")
     fanfs_as_nobody = [sys.executable, str(RUN_AS_NOBODY)]  # the daemon and the commands as nobody, in nobody's
     env = {k: v for k, v in os.environ.items() if k != "FANFS_RUNTIME_DIR"}  # runtime directory, not this session's
-    subprocess.run([*fanfs_as_nobody, "mount", str(mine / "store"), str(mnt)], check=True, capture_output=True, env=env)
     big = mnt / "vol" / "big.raw"
 
     def spliced_by_nobody() -> int:
         return json.loads(subprocess.run([*fanfs_as_nobody, "stats", str(mnt), "--json"], check=True,
                                          capture_output=True, text=True, env=env).stdout)["bytes_spliced"]
 
-    try:
+    try:  # from the mount on: a mount that fails leaves nothing either
+        subprocess.run([*fanfs_as_nobody, "mount", str(mine / "store"), str(mnt)], check=True, capture_output=True,
+                       env=env)
         pid = int(subprocess.run([*fanfs_as_nobody, "wait", str(mnt)], check=True, capture_output=True, text=True,
                                  env=env).stdout.rpartition("(pid ")[2].rstrip(")\n"))
         want = hashlib.sha256((src / "vol" / "big.raw").read_bytes()).hexdigest()
