@@ -267,6 +267,25 @@ def test_verify_against_sources_without_their_folders_says_so_once(tmp_path):
     assert done.stdout.startswith("FAILED: ") and "error" not in done.stderr, done.stderr
 
 
+def test_a_hard_link_in_an_archive_under_a_prefix_links_under_it(tmp_path):
+    """Issue 39: a hard link of ``p=ARCHIVE`` names a member of that archive, so it lands under ``p/`` too, never on a
+    file of the same path at the tree's root (another source's)."""
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(tar_bytes([member("d/f", b"in the archive"), member("d/h", kind=tarfile.LNKTYPE, link="d/f")]))
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_bytes(b"at the root")
+    store = tmp_path / "store"
+    fanfs("pack", root, f"p={archive}", store, "--quiet")
+    s = Store(str(store))
+    assert s.read_file("p/d/h") == s.read_file("p/d/f") == b"in the archive"
+    assert s.read_file("d/f") == b"at the root"
+    link, target = s.lookup(b"p/d/h"), s.lookup(b"p/d/f")
+    assert s.index.first[link] == s.index.first[target]  # one file under two names: the same blobs
+    s.close()
+    _check_against(store, root, f"p={archive}")
+
+
 def test_an_argument_naming_a_path_is_that_path(tmp_path):
     """A directory literally named ``a=b`` packs as itself, not as ``b`` under ``a/``."""
     src = tmp_path / "a=b"

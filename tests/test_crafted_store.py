@@ -120,6 +120,29 @@ def test_fuzzed_indexes_are_refused_or_read_safely(real_store, tmp_path):
     assert refused > 150
 
 
+def _file_name(c) -> tuple[int, int]:
+    """Where a file's own name (of 3 bytes or more) lies in the paths column, after its parent's path and a '/':
+    (entry, start, end).  A change there leaves the path its parent's and a name: only the check of names sees it."""
+    offsets, parent = c["path_offset"].astype(np.int64), c["parent"].astype(np.int64)
+    for entry in np.flatnonzero(c["type"] == FILE).tolist():
+        start = offsets[entry] + (offsets[parent[entry] + 1] - offsets[parent[entry]] + 1 if parent[entry] else 0)
+        if offsets[entry + 1] - start >= 3:
+            return entry, int(start), int(offsets[entry + 1])
+    raise AssertionError("no file name of 3 bytes or more")
+
+
+def _slash_in_a_name(meta, c):
+    _, start, _ = _file_name(c)
+    c["paths"][start + 1] = ord("/")
+
+
+def _dot_dot_name(meta, c):
+    """The name becomes '..': the paths after it move up by what it lost."""
+    entry, start, end = _file_name(c)
+    c["paths"] = np.concatenate([c["paths"][:start], np.frombuffer(b"..", np.uint8), c["paths"][end:]])
+    c["path_offset"][entry + 1:] -= end - start - 2
+
+
 AUDIT = {
     "size one byte more than its chunks": lambda m, c: c["size"].__setitem__(
         int(np.flatnonzero((c["count"] > 1) & (c["type"] == FILE))[0]),
@@ -132,7 +155,9 @@ AUDIT = {
     "hash_entry out of range": lambda m, c: c["hash_entry"].__setitem__(0, 2**32 - 1),
     "blob offset >= 2**63": lambda m, c: c["blob_offset"].__setitem__(0, 2**63),
     "mode column retyped": lambda m, c: c.__setitem__("mode", c["mode"].astype(np.uint64)),
-    "a name with a slash": lambda m, c: c["paths"].__setitem__(int(c["path_offset"][2]), ord("/")),
+    "a path that is not its parent's": lambda m, c: c["paths"].__setitem__(int(c["path_offset"][2]), ord("/")),
+    "a name with a slash": _slash_in_a_name,
+    "a name that is '..'": _dot_dot_name,
     "a parent that is a file": lambda m, c: c["parent"].__setitem__(
         int(c["parent"].size - 1), int(np.flatnonzero(c["type"] == FILE)[0])),
 }

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from fanfs_command import fanfs, force_unmount
+from support.messages import messages
 from support.nobody import RUN_AS_NOBODY
 from support.trees import damaged_copy
 
@@ -42,7 +43,7 @@ def test_full_disk_names_the_file_system_and_the_bytes_needed(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
     try:
         done = fanfs("pack", src, small / "store", "--shard-size", "1M", check=False)
-        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert done.returncode == 1 and len(messages(done.stderr)) == 1, done.stderr
         assert re.search(rf"no space left on {small} \(tmpfs\) for the store {small / 'store'}:", done.stderr), done.stderr
         assert re.search(r"needs (about|up to) \d+(\.\d)? [KMG]iB in all", done.stderr), done.stderr
         assert os.listdir(small) == []
@@ -68,7 +69,7 @@ def test_a_full_disk_estimates_the_whole_store_within_2x(tmp_path):
         done = fanfs("pack", src, small / "store", "--shard-size", "1M", "--jobs", "1", check=False)
     finally:
         subprocess.run(["umount", str(small)], check=True)
-    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.returncode == 1 and len(messages(done.stderr)) == 1, done.stderr
     found = re.search(r"needs about (\d+(?:\.\d)?) ([KMG])iB in all", done.stderr)
     assert found, done.stderr
     estimate = float(found[1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[found[2]]

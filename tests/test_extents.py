@@ -8,6 +8,7 @@ by the daemon a second time.  Crafted extents are refused at open; a flipped byt
 
 from __future__ import annotations
 
+import ast
 import errno
 import hashlib
 import json
@@ -24,7 +25,7 @@ import pytest
 from fanfs_command import fanfs, stats_command as stats
 from support.crafting import rewrite
 from support.inject import inject
-from support.nobody import RUN_AS_NOBODY
+from support.nobody import RUN_AS_NOBODY, as_nobody
 
 from fanfs.errors import StoreError
 from fanfs.records.extent import ALIGN, EXTENT_MIN, Extents
@@ -216,10 +217,14 @@ def test_a_crafted_extent_is_refused_at_open_with_one_line(crafting, tmp_path, c
     assert done.returncode == 1 and done.stderr.startswith("fanfs: error:") and "Traceback" not in done.stderr
 
 
-def _daemon_rchar(mnt: Path) -> int:
-    pid = control.request(str(mnt), {"cmd": "status"}, timeout=5)["pid"]
+def _rchar(pid: int) -> int:
+    """Bytes process ``pid`` has read, by any system call (a copied reply's ``pread`` too; a splice's pages, never)."""
     with open(f"/proc/{pid}/io") as f:
         return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def _daemon_rchar(mnt: Path) -> int:
+    return _rchar(control.request(str(mnt), {"cmd": "status"}, timeout=5)["pid"])
 
 
 def _drop_pages(path: Path) -> None:
@@ -270,6 +275,14 @@ def test_many_readers_at_odd_offsets_read_exact_bytes(extents, mount):
         assert stats(mnt)["errors"] == 0
 
 
+def _flip(path: Path, position: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
 def test_serving_processes_verify_each_chunk_once_between_them(extents, mount):
     """Issue 39: with --workers 2 each process verified the chunks it was asked for (1.04-1.12x the bytes)."""
     src, store, _ = extents
@@ -299,11 +312,7 @@ def test_a_flipped_byte_under_an_extent_is_an_eio_and_a_log_line(extents, tmp_pa
     first = int(s.index.first[entry])
     shard, bad = int(s.index.shard[entry]), int(s.index.blob_offset[first + 5]) + 1234  # in chunk 5
     s.close()
-    with open(victim / SHARD_DIR / shard_name(shard), "r+b") as f:
-        f.seek(bad)
-        byte = f.read(1)
-        f.seek(bad)
-        f.write(bytes([byte[0] ^ 0x40]))
+    _flip(victim / SHARD_DIR / shard_name(shard), bad)
     want = (src / "vol" / "big.raw").read_bytes()
     with mount(victim, "--workers", workers) as mnt:
         fd = os.open(mnt / "vol" / "big.raw", os.O_RDONLY)
@@ -321,6 +330,11 @@ def test_a_flipped_byte_under_an_extent_is_an_eio_and_a_log_line(extents, tmp_pa
         assert len(lines) == 1 and "vol/big.raw" in lines[0] and "checksum mismatch" in lines[0], lines
 
 
+def _as_nobody_sha256(path: Path) -> str:
+    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sha256sum", str(path)],
+                          check=True, capture_output=True, text=True).stdout.split()[0]
+
+
 @pytest.fixture
 def fuse_for_users():
     """/dev/fuse open to every user, as a distribution ships it (a container may make it root's alone)."""
@@ -332,6 +346,9 @@ def fuse_for_users():
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to be another user")
 def test_an_unprivileged_daemon_splices_too(extents, fuse_for_users):
+    """A plain user's daemon splices too: a re-read after the file's pages were dropped is served (``bytes_spliced``
+    grows by the file) while the daemon reads none of its bytes (its ``rchar``).  ``bytes_spliced`` alone counts the
+    replies handed to libfuse, which copies them through the daemon, silently, where it cannot splice."""
     src, store, _ = extents
     mine = Path(tempfile.mkdtemp(prefix="fanfs-test-nobody-"))  # not under pytest's directory: root's alone
     shutil.copytree(store, mine / "store")
@@ -342,19 +359,62 @@ def test_an_unprivileged_daemon_splices_too(extents, fuse_for_users):
             shutil.chown(name, "nobody", "nogroup")
     fanfs_as_nobody = [sys.executable, str(RUN_AS_NOBODY)]  # the daemon and the commands as nobody, in nobody's
     env = {k: v for k, v in os.environ.items() if k != "FANFS_RUNTIME_DIR"}  # runtime directory, not this session's
-    subprocess.run([*fanfs_as_nobody, "mount", str(mine / "store"), str(mnt)], check=True, capture_output=True, env=env)
-    try:
-        digest = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sha256sum",
-                                 str(mnt / "vol" / "big.raw")], check=True, capture_output=True, text=True).stdout
-        assert digest.split()[0] == hashlib.sha256((src / "vol" / "big.raw").read_bytes()).hexdigest()
-        got = json.loads(subprocess.run([*fanfs_as_nobody, "stats", str(mnt), "--json"], check=True,
-                                        capture_output=True, text=True, env=env).stdout)
-        assert got["bytes_spliced"] == (src / "vol" / "big.raw").stat().st_size
+    big = mnt / "vol" / "big.raw"
+
+    def spliced_by_nobody() -> int:
+        return json.loads(subprocess.run([*fanfs_as_nobody, "stats", str(mnt), "--json"], check=True,
+                                         capture_output=True, text=True, env=env).stdout)["bytes_spliced"]
+
+    try:  # from the mount on: a mount that fails leaves nothing either
+        subprocess.run([*fanfs_as_nobody, "mount", str(mine / "store"), str(mnt)], check=True, capture_output=True,
+                       env=env)
+        pid = int(subprocess.run([*fanfs_as_nobody, "wait", str(mnt)], check=True, capture_output=True, text=True,
+                                 env=env).stdout.rpartition("(pid ")[2].rstrip(")\n"))
+        want = hashlib.sha256((src / "vol" / "big.raw").read_bytes()).hexdigest()
+        assert _as_nobody_sha256(big) == want  # each chunk read once by the daemon: verified
+        # its pages dropped (as _drop_pages does), by nobody: root is refused the files of nobody's mount
+        as_nobody("dd", f"if={big}", "iflag=nocache", "count=0", "status=none")
+        before, spliced = _rchar(pid), spliced_by_nobody()
+        assert _as_nobody_sha256(big) == want
+        read_by_daemon = _rchar(pid) - before
+        assert spliced_by_nobody() - spliced == (src / "vol" / "big.raw").stat().st_size  # the daemon was asked again
+        assert read_by_daemon < 256 << 10, read_by_daemon  # the control socket's requests, no file bytes: spliced
     finally:
         subprocess.run([*fanfs_as_nobody, "umount", str(mnt)], capture_output=True, env=env)
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-uz", str(mnt)])
         shutil.rmtree(mine, ignore_errors=True)
+
+
+_PIPES_AS_NOBODY = """
+import fcntl, os, pwd
+from fanfs.serve.splice import F_SETPIPE_SZ, splice_size
+nobody = pwd.getpwnam("nobody")
+os.setgroups([])
+os.setgid(nobody.pw_gid)
+os.setuid(nobody.pw_uid)
+print(splice_size())
+read_end, write_end = os.pipe()
+try:
+    fcntl.fcntl(read_end, F_SETPIPE_SZ, (1 << 20) + 3 * os.sysconf("SC_PAGE_SIZE") + 16)  # what a 1 MiB reply needs
+    print("granted")
+except OSError as err:
+    print("refused", err.strerror)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_a_plain_users_pipe_holds_a_reply_of_max_read():
+    """libfuse grows a pipe to a spliced reply's size and some pages, and a plain user may not grow one past
+    pipe-max-size (root may, with CAP_SYS_RESOURCE, which root here lacks only by accident): as nobody, the request
+    size chosen for splicing is one whose pipe is granted, where one for a 1 MiB reply is not (libfuse would copy
+    every reply)."""
+    done = subprocess.run([sys.executable, "-c", _PIPES_AS_NOBODY], check=True, capture_output=True, text=True)
+    chosen, at_one_mib = done.stdout.splitlines()
+    size, problem = ast.literal_eval(chosen)
+    assert problem is None and 128 << 10 <= size < 1 << 20, chosen
+    if int(Path("/proc/sys/fs/pipe-max-size").read_text()) <= 1 << 20:  # the kernel's default, 1 MiB
+        assert at_one_mib.startswith("refused"), at_one_mib
 
 
 @pytest.mark.parametrize("stage", ["full", "lazy"])
@@ -373,9 +433,46 @@ def test_a_staged_copy_and_a_lazily_cached_one_are_spliced_too(extents, tmp_path
         again = stats(mnt)
     assert again["bytes_spliced"] - first["bytes_spliced"] == len(want)  # the whole re-read, from the node's copy
     assert read_by_daemon < 256 << 10, read_by_daemon
-    assert again["bytes_verified"] == first["bytes_verified"]  # each chunk verified once, at its first read
+    # each chunk verified once, at its first read: in the staged copy; the lazy cache's fill checked it on its way in
+    assert again["bytes_verified"] == first["bytes_verified"] == (len(want) if stage == "full" else 0)
     if stage == "lazy":
         assert again["cache"]["hit_bytes"] - first["cache"]["hit_bytes"] == len(want)
+
+
+@pytest.mark.parametrize("stage", ["full", "lazy"])
+def test_a_flipped_byte_in_a_staged_or_cached_copy_is_never_spliced(extents, tmp_path, mount, stage):
+    """A node's own copy is verified before its chunks are spliced, as the store's shard is: a byte flipped in a staged
+    share once it is staged (its only copy: one EIO and one line), or in a chunk the lazy cache kept at an earlier
+    mount (which this mount never checked: dropped, and fetched again from the store)."""
+    src, store, _ = extents
+    want = (src / "vol" / "big.raw").read_bytes()
+    chunk5 = want[5 * MIB:6 * MIB]
+    options = ("--local-dir", tmp_path / "local", "--stage", stage)
+    if stage == "lazy":
+        with mount(store, *options) as mnt:
+            assert (mnt / "vol" / "big.raw").read_bytes() == want
+    with mount(store, *options) as mnt:
+        copy = next(p for p in (tmp_path / "local").rglob("*") if p.is_file() and chunk5 in p.read_bytes())
+        _flip(copy, copy.read_bytes().index(chunk5) + 1234)
+        fd = os.open(mnt / "vol" / "big.raw", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 5 * MIB, 0) == want[:5 * MIB]
+            if stage == "full":
+                with pytest.raises(OSError) as err:
+                    os.pread(fd, MIB, 5 * MIB)
+                assert err.value.errno == errno.EIO
+            else:
+                assert os.pread(fd, MIB, 5 * MIB) == chunk5
+            assert os.pread(fd, MIB, 6 * MIB) == want[6 * MIB:7 * MIB]
+        finally:
+            os.close(fd)
+        log = Path(control.log_path(str(mnt))).read_text()
+        errors = stats(mnt)["errors"]
+    lines = [line for line in log.splitlines() if "EIO" in line]
+    if stage == "full":
+        assert len(lines) == 1 and "vol/big.raw" in lines[0] and "checksum mismatch" in lines[0], lines
+    else:
+        assert not lines and errors == 0, lines
 
 
 def test_a_mount_that_cannot_splice_says_so_once_and_copies_right(extents, mount, monkeypatch):

@@ -34,6 +34,12 @@ def test_a_path_longer_than_linux_opens_is_refused(tmp_path):
     assert "a path of 65,535 bytes" in line and len(line) < 600  # the name shown is cut short
 
 
+def test_a_path_of_4096_bytes_is_refused(tmp_path):
+    """Linux's PATH_MAX, 4,096, counts the NUL: a path of 4,096 bytes cannot be opened, and is refused."""
+    line = refused(tmp_path, tar_bytes([member("d/" * 2000 + "f" * 96)]), expect="File name too long")
+    assert "a path of 4,096 bytes" in line
+
+
 def test_a_path_just_within_the_limit_packs(tmp_path):
     name = "d/" * 2000 + "f" * 95  # 4,095 bytes, 2,001 levels
     s, _ = packed(tmp_path, tar_bytes([member(name, b"deep")]))

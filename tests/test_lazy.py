@@ -140,12 +140,14 @@ def test_a_process_killed_mid_fetch_holds_nothing_up_and_leaves_nothing_trusted(
     blob = int(np.flatnonzero(index.blob_stored > 100)[0])
     child = mp.get_context("fork").Process(target=_fill_slowly, args=(str(local), str(store), blob))
     child.start()
-    deadline = time.monotonic() + 30
-    while owner.state(blob) != FILLING:
-        assert time.monotonic() < deadline and child.is_alive()
-        time.sleep(0.01)
-    os.kill(child.pid, signal.SIGKILL)
-    child.join()
+    try:
+        deadline = time.monotonic() + 30
+        while owner.state(blob) != FILLING:
+            assert time.monotonic() < deadline and child.is_alive()
+            time.sleep(0.01)
+    finally:  # killed however this ends (a child left would hold pytest's exit for its 600 s)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
     assert owner.state(blob) == FILLING  # what it was doing is marked, and no reader trusts it
     assert owner.read(blob, int(index.blob_stored[blob])) is None
     shards = Store(str(store), check_shards=False)

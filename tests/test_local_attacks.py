@@ -7,14 +7,19 @@ another user, who would then own the daemon's log path and control socket.  Here
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 from fanfs_command import fanfs, force_unmount
 from support.nobody import as_nobody
+
+from fanfs.serve import control
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                                 reason="needs root and setpriv to act as another user")
@@ -122,3 +127,64 @@ def test_a_local_dir_others_can_write_is_refused_by_stage_and_mount(shared_tmp, 
             force_unmount(mnt)
         assert done.returncode == 1 and said in done.stderr, done.stderr
     assert os.listdir(local) == []
+
+
+@pytest.fixture
+def open_runtime_dir(monkeypatch):
+    """A runtime directory another user may enter (0755: fanfs refuses only one others can write), short enough for a
+    socket's address."""
+    path = Path(tempfile.mkdtemp(prefix="fanfs-test-run-", dir="/tmp"))
+    os.chmod(path, 0o755)
+    monkeypatch.setenv("FANFS_RUNTIME_DIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+_IMPOSTOR = """
+import socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=int(sys.argv[1]))
+sock.listen(1)  # its credentials, another user's, are what a client's SO_PEERCRED sees
+print("listening", flush=True)
+conn, _ = sock.accept()
+print(len(conn.recv(4096)), flush=True)
+"""
+
+
+def test_a_control_socket_another_user_serves_is_never_spoken_to(open_runtime_dir, tmp_path):
+    """Both ends of the control socket check the other's uid: a client refuses a socket in a mount's place that
+    another user listens on (an impostor daemon), and sends it nothing."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(control.socket_path(str(mnt)))
+    with sock, subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "/usr/bin/python3",
+                                 "-c", _IMPOSTOR, str(sock.fileno())], pass_fds=[sock.fileno()], stdout=subprocess.PIPE,
+                                text=True) as impostor:
+        assert impostor.stdout.readline() == "listening\n"
+        with pytest.raises(control.ControlError, match=r"served by uid \d+, not by you"):
+            control.request(str(mnt), {"cmd": "status"}, timeout=10)
+        assert impostor.communicate(timeout=60)[0] == "0\n"  # not a byte of the request
+
+
+_CLIENT = """
+import json, socket, sys
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    sock.settimeout(60)
+    sock.connect(sys.argv[1])
+    try:
+        sock.sendall(b'{"cmd": "status"}\\n')
+    except BrokenPipeError:
+        pass  # the daemon answered at once, and closed
+    print(sock.makefile().readline(), end="")
+"""
+
+
+def test_a_daemon_answers_no_other_user(open_runtime_dir, small_store, mount):
+    """The daemon's end: another user who reaches its control socket gets an error, not its status (the socket is the
+    user's alone, 0600: opened to every user here, as a umask or a chmod could leave it)."""
+    with mount(small_store) as mnt:
+        os.chmod(control.socket_path(str(mnt)), 0o666)
+        done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "/usr/bin/python3",
+                               "-c", _CLIENT, control.socket_path(str(mnt))], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"error": "not your mount"}, done.stdout

@@ -134,7 +134,7 @@ def test_flipped_byte_gives_eio_on_that_file_only(torture, tmp_path, mount):
     assert verify.returncode == 1 and "train/dog/1.bin" in verify.stderr
 
 
-@pytest.mark.parametrize("damage", ["truncate-index", "missing-shard", "foreign-shard"])
+@pytest.mark.parametrize("damage", ["truncate-index", "flip-index-byte", "missing-shard", "foreign-shard"])
 def test_damaged_store_is_refused_at_mount(torture, tmp_path, damage):
     src, store = torture
     bad = tmp_path / "bad"
@@ -143,6 +143,13 @@ def test_damaged_store_is_refused_at_mount(torture, tmp_path, damage):
         with open(bad / "index", "r+b") as f:
             f.truncate(os.path.getsize(bad / "index") // 2)
         reason = "index"
+    elif damage == "flip-index-byte":  # in its columns, past the JSON: it still parses, only its checksum tells
+        with open(bad / "index", "r+b") as f:
+            f.seek(-100, os.SEEK_END)
+            byte = f.read(1)
+            f.seek(-100, os.SEEK_END)
+            f.write(bytes([byte[0] ^ 0x01]))
+        reason = "index checksum mismatch"
     elif damage == "missing-shard":
         (bad / SHARD_DIR / shard_name(0)).unlink()
         reason = "incomplete store"

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from fanfs_command import fanfs, mounted
 
+from fanfs.cache.stage import STAGED_NAME
+from fanfs.store.format import shard_name
 from fanfs.util.privacy import file_mode, readable_by_others
 
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -101,6 +103,26 @@ def test_what_fanfs_writes_from_a_private_store_no_other_user_reads(shared, tmp_
     os.chmod(older, 0o644)  # as an older fanfs staged it: a second staging, which keeps the copy, narrows it
     _stage(store, shared)
     assert older.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_leftover_staged_tmp_is_made_private_before_it_is_renamed(tmp_path):
+    """A copy is written as ``NAME.tmp``, then renamed into place: one that a killed stage left with a wider mode (an
+    older fanfs's 0644) is narrowed to the store's before it becomes the copy, and so is the ``.staged`` record's."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.bin").write_bytes(os.urandom(30_000))
+    store = tmp_path / "store"
+    fanfs("pack", src, store, "--quiet")  # private: pytest's directories are 0700
+    local = tmp_path / "local"
+    local.mkdir()
+    leftovers = [local / f"{shard_name(0)}.tmp", local / f"{STAGED_NAME}.tmp"]
+    for path in leftovers:
+        path.write_bytes(b"left by a killed stage")
+        path.chmod(0o644)
+    fanfs("stage", store, local, "--quiet")
+    staged = files_under(local)
+    assert {path.name for path in staged} == {shard_name(0), STAGED_NAME}
+    assert all(path.stat().st_mode & 0o777 == 0o600 for path in staged), [oct(p.stat().st_mode) for p in staged]
 
 
 @pytest.mark.slow  # an mpiexec job and a mount

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from fanfs_command import fanfs, set_presentation
 from support.jpeg_samples import build_samples
+from support.messages import messages
 from photo_samples import make_photo_set
 from PIL import Image, ImageFile
 
@@ -238,7 +239,7 @@ def test_fidelity_source_takes_only_the_real_originals(photo_store, tmp_path):
                         (tmp_path / "nosuch", "is not a directory"),
                         (originals[0], "is not a directory")):
         done = fanfs("fidelity", store, "--sample", "10", "--source", source, check=False)
-        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1 and why in done.stderr, done.stderr
+        assert done.returncode == 1 and len(messages(done.stderr)) == 1 and why in done.stderr, done.stderr
     done = fanfs("fidelity", store, "--timed", "0", "--source", src, check=False)
     assert done.returncode == 1 and "needs --timed" in done.stderr
     done = fanfs("fidelity", store, "--timed", "-1", check=False)

@@ -411,6 +411,22 @@ def test_reads_fail_at_once_while_stalled_but_a_probe_each_timeout_and_none_past
         os.close(stalled)
 
 
+def test_a_read_past_the_timeout_fails_before_its_answer_comes():
+    """The EIO comes from the deadline, not from an answer that came late: a pipe answered ten timeouts after the read
+    was asked (a read that waited several times ``--store-timeout`` would get its byte)."""
+    reads = Deadline("a pipe", 0.3)
+    stalled, writer = os.pipe()
+    answer = threading.Timer(10 * reads.seconds, os.write, (writer, b"a"))
+    answer.start()
+    try:
+        with pytest.raises(Stalled, match=r"no answer within 0.3 s \(--store-timeout\)"):
+            reads.run("p", os.read, stalled, 1)
+    finally:
+        answer.join()  # the read given up on returns with the byte: no thread left waiting
+        os.close(writer)
+        os.close(stalled)
+
+
 def _read_or_none(reads: Deadline, fd: int) -> bytes | None:
     try:
         return reads.run("p", os.read, fd, 1)

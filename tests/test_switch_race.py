@@ -2,7 +2,9 @@
 
 Eight reader processes list, open, fstat, read and decode JPEG records as fast as they can while the mount's
 fidelity cycles through 1, 3, full, 5, 2, full, and every invalidation of a cached name is slowed down
-on purpose (``INVALIDATE_DELAY``, injected: tests/support/inject), so a switch's window is long.  Every read must be
+on purpose (``INVALIDATE_DELAY``, injected: tests/support/inject), so a switch's window is long.  Switches are counted in reads, not
+timed (the next one when 50 more reads have ended), so a busy machine changes how long a race takes, not what it
+does.  Every read must be
 exactly as long as its fstat says, and be byte for byte one of the file's presentations (first K
 layers + EOI, or the whole record), which Pillow decodes.
 """
@@ -33,8 +35,20 @@ from fanfs.store import FULL, Store
 
 pytestmark = pytest.mark.slow  # see docs/userguide.rst, 'Quick start'
 
-SWITCHES = (1, 3, FULL, 5, 2, FULL)
-SECONDS = 12.0
+SWITCHES = 24
+"""Switches in each race: every setting of a cycle three times or more."""
+READS_BETWEEN = 50
+"""Reads that end between two switches: every switch lands among reads, however fast either goes."""
+WAIT = 120.0
+"""Seconds a race waits for reads (or for its readers to end) before it calls them hung."""
+
+_reads = None  # per reader, the reads it has done (shared memory the forked readers inherit)
+_stop = None  # set once the race's switches are done
+
+
+def _share(reads, stop) -> None:
+    global _reads, _stop
+    _reads, _stop = reads, stop
 
 
 def _decoded(data: bytes, how: str) -> None:
@@ -46,15 +60,15 @@ def _decoded(data: bytes, how: str) -> None:
         np.load(io.BytesIO(data))
 
 
-def _reader(args: tuple[str, list[str], dict[str, set[int]], float, int, dict[str, str]]) -> tuple[int, list[str]]:
-    """Read random files until the deadline; returns (reads, problems).  Every read must be as long as
+def _reader(args: tuple[str, list[str], dict[str, set[int]], int, dict[str, str]]) -> list[str]:
+    """Read random files until the switches are done; returns the problems.  Every read must be as long as
     fstat says and one presentation of the record; the names in ``decodes`` must also decode.  Now and then
     a reader lists the directory too, which gives the kernel every name with its attributes (READDIRPLUS)
     in the middle of switches."""
-    mnt, names, valid, deadline, seed, decodes = args
+    mnt, names, valid, seed, decodes = args
     rng = random.Random(seed)
-    reads, problems = 0, []
-    while time.monotonic() < deadline:
+    problems = []
+    while not _stop.is_set():
         name = rng.choice(names)
         if rng.random() < 0.02:
             folder = os.path.dirname(name)
@@ -64,7 +78,7 @@ def _reader(args: tuple[str, list[str], dict[str, set[int]], float, int, dict[st
         with open(os.path.join(mnt, name), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             data = f.read()
-        reads += 1
+        _reads[seed] += 1
         if len(data) != size:
             problems.append(f"{name}: read {len(data)} bytes, fstat said {size}")
         elif xxhash.xxh3_64_intdigest(data) not in valid[name]:
@@ -74,27 +88,31 @@ def _reader(args: tuple[str, list[str], dict[str, set[int]], float, int, dict[st
                 _decoded(data, decodes[name])
             except Exception as err:  # noqa: BLE001 - any decode failure is the finding
                 problems.append(f"{name}: does not decode: {err}")
-    return reads, problems
+    return problems
 
 
 def _race(mnt: Path, names: list[str], valid: dict[str, set[int]], decodes: dict[str, str],
-          settings: list[dict[str, int]], readers: int, seconds: float, pause: float) -> tuple[int, int, list[str]]:
-    """``readers`` processes read (``_reader``) while the mount cycles through ``settings`` every ``pause``
-    seconds; returns (reads, switches, problems)."""
-    deadline = time.monotonic() + seconds
-    pool = mp.get_context("fork").Pool(readers)
+          settings: list[dict[str, int]], readers: int) -> tuple[int, list[str]]:
+    """``readers`` processes read (``_reader``) while the mount cycles through ``settings``, SWITCHES times, each
+    switch READS_BETWEEN reads after the last; returns (reads, problems)."""
+    context = mp.get_context("fork")
+    reads, stop = context.RawArray("q", readers), context.Event()
+    pool = context.Pool(readers, initializer=_share, initargs=(reads, stop))
     workers = list(pool._pool)  # noqa: SLF001 - their pids, to report one that does not end
     try:
-        pending = pool.map_async(_reader, [(str(mnt), names, valid, deadline, seed, decodes) for seed in range(readers)])
-        switches = 0
-        while time.monotonic() < deadline:
-            setting = settings[switches % len(settings)]
+        pending = pool.map_async(_reader, [(str(mnt), names, valid, seed, decodes) for seed in range(readers)])
+        for switch in range(SWITCHES):
+            setting = settings[switch % len(settings)]
             answer = request(mnt, {"cmd": "present", **setting}, timeout=60)
             assert all(answer[k] == v for k, v in setting.items())
-            switches += 1
-            time.sleep(pause)
-        results = pending.get(timeout=120)
+            due, deadline = sum(reads) + READS_BETWEEN, time.monotonic() + WAIT
+            while sum(reads) < due and not pending.ready():  # ready this early: a reader failed (get() says why)
+                assert time.monotonic() < deadline, f"no {READS_BETWEEN} reads within {WAIT:.0f} s: the readers hang"
+                time.sleep(0.005)
+        stop.set()
+        results = pending.get(timeout=WAIT)
     finally:
+        stop.set()
         pool.close()
         ends = time.monotonic() + 60
         for worker in workers:
@@ -102,7 +120,7 @@ def _race(mnt: Path, names: list[str], valid: dict[str, set[int]], decodes: dict
         stuck = [kernel_state(worker.pid) for worker in workers if worker.is_alive()]  # a hang: say where
         pool.terminate()
         assert not stuck, "readers that did not end:\n" + "\n".join(stuck)
-    return sum(r for r, _ in results), switches, [p for _, ps in results for p in ps]
+    return sum(reads), [p for ps in results for p in ps]
 
 
 def _digests(s: Store, entry: int, views) -> set[int]:
@@ -134,10 +152,9 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch, w
     s.close()
     inject(monkeypatch, "fanfs.serve.fusefs:INVALIDATE_DELAY=0.003")  # the daemon inherits it
     with mount(store, "--fidelity", "2", "--workers", str(workers)) as mnt:
-        reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"),
-                                          [{"fidelity": k} for k in SWITCHES], 8, SECONDS, 0.2)
-        print(f"{reads} reads by 8 processes, {switches} switches: {len(problems)} torn or undecodable")
-        assert switches >= 10 and reads >= 1000
+        reads, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"),
+                                [{"fidelity": k} for k in (1, 3, FULL, 5, 2, FULL)], 8)
+        print(f"{reads} reads by 8 processes, {SWITCHES} switches: {len(problems)} torn or undecodable")
         assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"
         # once a switch has returned, every name resolves to the new view
         request(mnt, {"cmd": "present", "fidelity": 3}, timeout=60)
@@ -171,10 +188,8 @@ def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monke
     settings = [{"precision": 8}, {"fidelity": 1}, {"precision": FULL}, {"fidelity": 3}, {"precision": 16},
                 {"fidelity": FULL}, {"precision": 24}, {"fidelity": 2}]
     with mount(store, "--precision", "16", "--fidelity", "2", "--workers", "2") as mnt:
-        reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(loadable, "npy"), settings, 6,
-                                          SECONDS * 0.75, 0.15)
-    print(f"{reads} reads by 6 processes, {switches} switches: {len(problems)} torn or unloadable")
-    assert switches >= 10 and reads >= 500
+        reads, problems = _race(mnt, names, valid, dict.fromkeys(loadable, "npy"), settings, 6)
+    print(f"{reads} reads by 6 processes, {SWITCHES} switches: {len(problems)} torn or unloadable")
     assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"
 
 
@@ -197,9 +212,8 @@ def test_no_torn_read_while_fidelity_switches_among_tiers_and_scans(tmp_path, mo
     inject(monkeypatch, "fanfs.serve.fusefs:INVALIDATE_DELAY=0.003")
     cycle = [{"fidelity": value} for value in (quarter, 3, FULL, half, 1, quarter, half, FULL)]
     with mount(store, "--fidelity", "1/2", "--workers", "2") as mnt:
-        reads, switches, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"), cycle, 8, SECONDS, 0.2)
-        print(f"{reads} reads by 8 processes, {switches} switches among tiers and scans: {len(problems)} wrong")
-        assert switches >= 10 and reads >= 1000
+        reads, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"), cycle, 8)
+        print(f"{reads} reads by 8 processes, {SWITCHES} switches among tiers and scans: {len(problems)} wrong")
         assert not problems, f"{len(problems)} of {reads} reads were wrong, e.g. {problems[:5]}"
         request(mnt, {"cmd": "present", "fidelity": quarter}, timeout=60)
         s = Store(str(store))

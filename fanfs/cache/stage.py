@@ -138,9 +138,8 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
             finally:
                 os.close(fd)
         tmp = dst + ".tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+        fd = _create_tmp(tmp, os.O_RDWR, mode)
         try:
-            os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & mode)  # a leftover .tmp keeps its mode otherwise
             os.ftruncate(fd, size)
             os.pwrite(fd, header, 0)
             _copy_blobs(read, fd, part, np.arange(part.blobs.size), index, advance)
@@ -159,6 +158,18 @@ def stage_part(store_root: str, local_dir: str, part: ShardPart, index: Index, a
 LAZY_INSTEAD = ("or mount with --stage lazy --capacity SIZE: a cache that keeps what fits the disk and reads the rest "
                 "through (FANFS_STAGE=lazy FANFS_CAPACITY=SIZE in a job)")
 """What a disk too small for a node's share may do instead of a full stage."""
+
+
+def _create_tmp(path: str, access: int, mode: int) -> int:
+    """A descriptor on ``path``, new and empty, no wider than ``mode``: a leftover there (a killed stage's) is emptied
+    and narrowed, since the mode given to open() applies only to a file it creates."""
+    fd = os.open(path, access | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def stage(store_root: str, local_dir: str, replicas: int, world: World, index: Index, *,
@@ -235,8 +246,7 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
 def write_staged(local_dir: str, store_id: str, presentation: Presentation, mode: int) -> None:
     """Record which presentation a staged directory holds (a mount reads the other layers elsewhere)."""
     path = os.path.join(local_dir, STAGED_NAME)
-    with open(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode),
-              "w") as f:
+    with open(_create_tmp(path + ".tmp", os.O_WRONLY, mode), "w") as f:
         json.dump({"store_id": store_id, **presentation}, f)
         f.flush()
         os.fsync(f.fileno())

@@ -110,13 +110,13 @@ class StreamChunks:
         if data is not None:  # another serving process loaded it
             stats.cache_hits += 1
             return data
-        stats.cache_misses += 1
         try:
             data = load()
         except BaseException:
             if shared is not None:
                 shared.abandon(blob)
             raise
+        stats.cache_misses += 1
         if shared is not None:
             shared.put(blob, data)
         return data
