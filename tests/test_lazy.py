@@ -174,6 +174,18 @@ def test_a_second_daemon_on_the_same_local_directory_is_refused(photos, tmp_path
     DiskCache(str(local), index, store_id, owner=True).close()
 
 
+def test_the_caches_files_are_private_whatever_the_umask(photos, tmp_path):
+    """A lazy cache holds a private store's bytes: its files are 0600 even under umask 0."""
+    old = os.umask(0)
+    try:
+        index, local, owner = new_cache(photos[0], tmp_path)
+        owner.close()
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in local.iterdir()}
+    assert modes and set(modes.values()) == {"0o600"}, modes
+
+
 # --- through a mount --------------------------------------------------------------------------------------
 
 @pytest.mark.slow

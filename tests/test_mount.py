@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from support.trees import SPARSE_SIZE, damaged_copy, make_torture_tree, sha256_f
 
 from fanfs.store.format import SHARD_DIR, shard_name
 from fanfs.store import Store
+from fanfs.store.sources import LocalShards
 
 
 @pytest.fixture(scope="module")
@@ -304,3 +306,29 @@ def test_core_reads_without_fuse(torture):
     with pytest.raises(FileNotFoundError):
         s.lookup(b"nope")
     s.close()
+
+
+def test_a_corrupt_or_missing_copy_falls_to_the_next_source(torture, tmp_path, caplog):
+    """The core's chain of sources (a node's copy, then a replica): a flipped byte in the first copy, or its shard
+    gone, is read from the next one, exact, with a line that names both; no good copy at all is an error."""
+    src, store = torture
+    victim = b"train/dog/1.bin"
+    shard = damaged_copy(store, tmp_path / "bad", victim, at=100)
+    shutil.copytree(store, tmp_path / "gone")
+    (tmp_path / "gone" / SHARD_DIR / shard_name(shard)).unlink()
+    expected = (src / os.fsdecode(victim)).read_bytes()
+    own = Store(str(store))
+    for first in ("bad", "gone"):
+        chain = [LocalShards(str(tmp_path / first / SHARD_DIR), own.id), LocalShards(str(store / SHARD_DIR), own.id)]
+        s = Store(str(store), sources=chain)
+        with caplog.at_level(logging.WARNING, logger="fanfs"):
+            assert s.read_file(os.fsdecode(victim)) == expected
+        assert f"used {store / SHARD_DIR}" in caplog.text and str(tmp_path / first) in caplog.text
+        caplog.clear()
+        s.close()
+    alone = Store(str(store), sources=[LocalShards(str(tmp_path / "bad" / SHARD_DIR), own.id)])
+    with pytest.raises(OSError) as info:
+        alone.read_file(os.fsdecode(victim))
+    assert info.value.errno == errno.EIO
+    alone.close()
+    own.close()

@@ -427,7 +427,7 @@ def test_a_flood_of_connections_cannot_stop_a_node_serving(packed, tmp_path):
         assert len(held) > 256
         assert server.ask("read") == "local reads ok", server.log.read_text()
         assert server.descriptors() < 256 // 4
-        assert server.threads() == threads
+        assert server.threads() <= threads  # no thread per connection (one that was starting may have ended)
         assert server.serves()  # during the flood
         for sock in held:
             sock.close()

@@ -4,6 +4,8 @@ suite) can judge every row; and docs/guarantees.rst names the modules of those t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from mutants import REPO, Break, load, stale
@@ -41,3 +43,13 @@ def test_a_stale_row_is_found(tmp_path):
         "once: nosuch.py does not exist",
         "once: no test named",
     ]
+
+
+def test_every_promise_keeps_a_quick_test():
+    """Issue 42: ``-m "not slow"`` runs, for every row, at least one of the tests that guard it (a whole module
+    named marked slow, or every named test slow, leaves the promise to the slow suite alone)."""
+    named = sorted({test.partition("[")[0] for b in load() for test in b.tests})
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow", "-n", "0",
+                             "-p", "no:cacheprovider", *named], cwd=REPO, capture_output=True, text=True, check=True)
+    quick = {line.partition("[")[0] for line in listed.stdout.splitlines() if "::" in line}
+    assert [b.name for b in load() if not quick.intersection(t.partition("[")[0] for t in b.tests)] == []
