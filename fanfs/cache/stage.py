@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FanfsError
-from ..records import Presentation, blobs_read, expand
+from ..records import Presentation, blob_shards, blobs_read
 from ..store.format import INDEX_NAME, SHARD_DIR, SHARD_HEADER, shard_name
 from ..store.index import Index
 from ..store.sources import HeldShards
@@ -59,9 +59,7 @@ class ShardPart:
 def held_parts(index: Index, placement: Placement, rank: int, staged: np.ndarray | None = None) -> list[ShardPart]:
     """Per shard, the blobs that ``rank`` holds and that have bytes to copy (holes are nothing); with
     ``staged`` (a bool per blob: those a presentation reads), only those."""
-    files = np.flatnonzero((index.type == 1) & (index.count > 0))
-    blob_of, owner = expand(index.first[files], index.count[files])
-    shard_of = index.shard[files][owner]
+    blob_of, shard_of = blob_shards(index)
     held = placement.held(rank)
     if staged is not None:
         held &= staged

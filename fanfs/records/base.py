@@ -381,6 +381,15 @@ def blob_ranks(index: Columns) -> np.ndarray:
 
 
 
+def blob_shards(index: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """Every blob of a regular file, ascending, and its shard: the one rule of where a blob lies (in the shard of the
+    file whose range holds it; files that share blobs, hard links, share their shard: validated)."""
+    files = np.flatnonzero((index.type == 1) & (index.count > 0))
+    blobs, owner = expand(index.first[files], index.count[files])
+    blobs, first = np.unique(blobs, return_index=True)
+    return blobs, index.shard[files][owner[first]].astype(np.int64)
+
+
 def expand(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """All items of the ranges ``[first[i], first[i] + count[i])`` and, for each, the range ``i`` it is from."""
     count = np.asarray(count, np.int64)

@@ -23,7 +23,7 @@ from ..codecs import Codec, decode_speed, pays, required_decode
 from ..util.server import default_workers
 from ..util.source_file import SourceFile
 from ..util.units import human_rate, parse_rate
-from .base import AddOption, Columns, Packed, RecordKind, expand, register
+from .base import AddOption, Columns, Packed, RecordKind, blob_shards, expand, register
 from .plain import CHUNK_SIZE, PlainFiles
 
 ALIGN = 4096
@@ -134,7 +134,10 @@ def overlaps(index: Columns, entries: np.ndarray) -> bool:
     largest end among the blobs before it in its shard (not only the one just before: a long blob two places
     before may run past a short one into it)."""
     present = np.flatnonzero(index.blob_stored > 0)
-    blob_shard = _blob_shards(index)[present]
+    blob_shard = np.zeros(index.blob_offset.size, np.int64)
+    owned, shards = blob_shards(index)
+    blob_shard[owned] = shards
+    blob_shard = blob_shard[present]
     order = np.lexsort((index.blob_offset[present], blob_shard))
     starts = index.blob_offset[present][order].astype(np.int64)
     ends = starts + index.blob_stored[present][order].astype(np.int64)
@@ -168,11 +171,3 @@ def _furthest(ends: np.ndarray, shards: np.ndarray, sizes: np.ndarray) -> np.nda
     lift = np.concatenate([[0], np.cumsum(sizes.astype(np.int64) + 1)[:-1]])[shards]
     return np.maximum.accumulate(ends + lift) - lift
 
-
-def _blob_shards(index: Columns) -> np.ndarray:
-    """The shard of every blob (a blob belongs to the file whose range holds it: its shard's)."""
-    files = np.flatnonzero((index.count > 0) & (index.type == 1))
-    shard = np.zeros(index.blob_offset.size, np.int64)
-    blobs, owner = expand(index.first[files], index.count[files])
-    shard[blobs] = index.shard[files][owner]
-    return shard
