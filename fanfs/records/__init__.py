@@ -22,8 +22,8 @@ file; :class:`Presentation` holds a mount's settings from which each kind derive
 
 from . import extent, floats, jpeg, plain  # noqa: F401  (each registers its kind)
 from .base import (SIDE_LAYER, SIDE_LAYERS, AddOption, Packed, Reader, RecordKind, blob_ranks, blob_shards, blobs_read,
-                   check_presentation,
-                   expand, kind_named, kind_table, kinds, offered, pack_kinds, presentation_notes, register, side_names)
+                   check_presentation, expand, kind_named, kind_table, kinds, offered, pack_kinds, presentation_notes,
+                   register, side_names)
 from .plain import CHUNK_SIZE, PlainFiles
 from .settings import (FULL, Auto, Presentation, Setting, Value, parse, parse_all, parse_level, register_resolver,
                        resolve, setting, settings, unresolved)

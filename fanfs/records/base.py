@@ -380,7 +380,6 @@ def blob_ranks(index: Columns) -> np.ndarray:
     return ranks
 
 
-
 def blob_shards(index: Columns) -> tuple[np.ndarray, np.ndarray]:
     """Every blob of a regular file, ascending, and its shard: the one rule of where a blob lies (in the shard of the
     file whose range holds it; files that share blobs, hard links, share their shard: validated)."""
