@@ -15,7 +15,7 @@ Small files (a class-per-directory tree of real-photo JPEGs) are read whole by `
 told to fanfs first with ``fanfs ctl --order``: it reads ahead); **shard** (``fanfs.train.shard_aware_order`` over
 the store's shards, ``--window`` shards shuffled together, told to fanfs too: every system reads that order).
 Large files (random bytes, so fanfs stores them as extents) of 1 MiB and of 30 MB are read whole in a random order.
-The tree is listed (with attributes) before each pass, outside its time, as a dataset does when it is built.
+The tree is listed (with attributes) once per mount, before its passes and outside their time, as a dataset is built.
 Reported: files/s (MB/s for large files), ratios, each daemon's CPU (user + system, every process) per file or per
 GB.  ``--baseline CHECKOUT`` adds "fanfs@base", another checkout's fanfs (before/after in one run).
 """
