@@ -42,14 +42,22 @@ class WouldWait(Exception):
     fault: the serving loop hands the read to a thread that may wait (:mod:`fanfs.store.resident`)."""
 
 
-def refuse_a_shadowed_package() -> None:
-    """Raise an ImportError that says so where ``import fanfs`` found a directory named fanfs (a checkout, a data
-    folder beside a script) before the installed package: the modules of fanfs that an editable install still finds
-    would fail on names of the package, with a traceback that names none of this.  Run first by the modules a
-    program imports from outside (the fsspec entry point, :mod:`fanfs.train`)."""
+def shadowing_folder() -> str | None:
+    """Why ``import fanfs`` found a directory named fanfs (a checkout, a data folder beside a script, a clone in the
+    current directory) before the installed package, or None if it did not: the modules of fanfs that an editable
+    install still finds would fail on names of the package, with a traceback that names none of this."""
     package = sys.modules.get("fanfs")
-    if package is not None and getattr(package, "__file__", None) is None:
-        where = ", ".join(dict.fromkeys(getattr(package, "__path__", None) or ["?"]))
-        raise ImportError(f"fanfs: the directory {where} shadows the installed fanfs package ('import fanfs' finds "
-                          "a folder named fanfs there first: beside the script, or in the current directory): rename "
-                          "that folder, or run from another directory")
+    if package is None or getattr(package, "__file__", None) is not None:
+        return None
+    where = ", ".join(dict.fromkeys(getattr(package, "__path__", None) or ["?"]))
+    return (f"the directory {where} shadows the installed fanfs package ('import fanfs' finds a folder named fanfs "
+            "there first: beside the script, or in the current directory): rename that folder, or run from another "
+            "directory")
+
+
+def refuse_a_shadowed_package() -> None:
+    """Raise an ImportError that says :func:`shadowing_folder`'s line.  Run first by the modules a program imports from
+    outside (the fsspec entry point, :mod:`fanfs.train`); the command line prints the same line as its error."""
+    problem = shadowing_folder()
+    if problem is not None:
+        raise ImportError(f"fanfs: {problem}")

@@ -8,14 +8,17 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from fanfs_command import fanfs
 from photo_samples import make_photo_set
 
+from fanfs import __version__
 from fanfs.cli.main import build_parser
 from fanfs.records import settings
+from fanfs.util.processes import fanfs_command
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,6 +36,23 @@ def test_every_argument_of_every_command_has_help():
     missing = [f"{name} {action.option_strings or action.dest}" for name, action in _arguments(build_parser())
                if not action.help]
     assert not missing, missing
+
+
+def test_a_folder_named_fanfs_in_the_working_directory_is_no_traceback(tmp_path):
+    """Issue 50: ``python -m fanfs`` beside a folder named fanfs (a clone of the checkout) failed with a traceback about
+    ``__version__``; it now says what is wrong in one line, and the way fanfs starts its own children (job steps, the
+    demo) is not shadowed at all.  The installed package, as a user's venv has it: no PYTHONPATH naming the checkout."""
+    (tmp_path / "fanfs" / "fanfs").mkdir(parents=True)
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    plain = subprocess.run([sys.executable, "-m", "fanfs", "--version"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert plain.returncode == 1 and plain.stderr == (
+        f"fanfs: error: the directory {tmp_path / 'fanfs'} shadows the installed fanfs package ('import fanfs' finds "
+        "a folder named fanfs there first: beside the script, or in the current directory): rename that folder, or run "
+        "from another directory\n"), plain.stderr
+    child = subprocess.run([*fanfs_command(), "--version"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert (child.returncode, child.stdout, child.stderr) == (0, f"fanfs {__version__}\n", "")
 
 
 def test_mount_help_says_peers_talk_tcp():

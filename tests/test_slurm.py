@@ -59,6 +59,24 @@ def test_one_node_job_ends_clean_too(slurm, slurm_plain, tmp_path):
     assert_nothing_left(slurm, job)
 
 
+def test_a_job_submitted_beside_a_clone_named_fanfs_runs(slurm, slurm_plain, tmp_path):
+    """Issue 50: submitted from a home directory that holds a clone of the checkout (git's default name, fanfs), every
+    step failed with "cannot import name '__version__'": ``python -m fanfs`` imported that folder.  The steps now run
+    this installation's fanfs whatever their directory holds (the installed package, as a user's venv has it: no
+    PYTHONPATH naming the checkout)."""
+    src, store = slurm_plain
+    home = tmp_path / "home"
+    (home / "fanfs" / "fanfs").mkdir(parents=True)
+    (home / "fanfs" / "README.rst").write_text("a clone of the checkout\n")
+    job = submit(slurm, store, tmp_path / "out", "--source", str(src), nodes=2, cwd=home, env={"PYTHONPATH": ""})
+    result = slurm.wait(job, timeout=120)
+    assert result == ("COMPLETED", 0, 0), slurm.output(job)
+    assert "Traceback" not in slurm.output(job)
+    got = reports(tmp_path / "out")
+    assert len(got) == 2 and all(r["files"] == 120 and not r["mismatches"] for r in got.values()), got
+    assert_nothing_left(slurm, job)
+
+
 def test_a_job_without_fuse_reads_every_file_in_process_on_every_node(slurm, slurm_plain, tmp_path):
     """FANFS_MOUNT=0: the nodes stage and serve each other but mount nothing; each task reads every file
     in-process (fsspec.filesystem("fanfs", job=True)), a third of them from peers (3 nodes, 2 replicas)."""

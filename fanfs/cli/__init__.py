@@ -27,6 +27,11 @@ def entry() -> None:
         signal.signal(signal.SIGINT, _interrupted_while_starting)
     except KeyboardInterrupt:  # it landed just before our handler took over
         _interrupted_while_starting(signal.SIGINT, None)
+    from ..errors import shadowing_folder
+    problem = shadowing_folder()
+    if problem is not None:  # python -m fanfs beside a folder named fanfs: say so, not a traceback about __version__
+        os.write(2, f"fanfs: error: {problem}\n".encode())
+        sys.exit(1)
     from .main import main
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)

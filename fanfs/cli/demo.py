@@ -6,18 +6,18 @@ import hashlib
 import json
 import shlex
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from .sample import make_sample
+from ..util.processes import fanfs_command
 from ..util.units import human_size
 
 
 def _fanfs(*args: object, show: bool = True) -> str:
     print("$ fanfs " + " ".join(shlex.quote(str(a)) for a in args), flush=True)
-    done = subprocess.run([sys.executable, "-m", "fanfs", *map(str, args)], capture_output=True, text=True)
+    done = subprocess.run([*fanfs_command(), *map(str, args)], capture_output=True, text=True)
     output = (done.stdout + done.stderr).rstrip()
     if output and (show or done.returncode):
         print("  " + output.replace("\n", "\n  "), flush=True)

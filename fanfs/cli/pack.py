@@ -95,7 +95,7 @@ def cmd_select(args: argparse.Namespace) -> int:
                     headroom=parse_fraction(args.headroom), capacity=args.capacity, nodes=args.nodes,
                     replicas=args.replicas)
     if args.plot:
-        from ..util.plots import pyplot
+        from ..util.images import pyplot
         pyplot()  # matplotlib is an extra: say so before measuring, not after
     fraction = parse_fraction(args.sample)
     if not 0 < fraction <= 1:

@@ -143,7 +143,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     from ..store import Store
     from ..tune.curve import save_curve
     from ..tune.fidelity import analyse, format_curve, plot_curve
-    from ..util.plots import pyplot
+    from ..util.images import pyplot
     if args.plot:
         pyplot()  # matplotlib is an extra: say so before measuring, not after
     store = Store(args.store, check_shards=False)

@@ -40,7 +40,7 @@ def alone(args: argparse.Namespace) -> bool:
 def supervise() -> int | None:
     """Fork.  In the parent: the command's exit status, once the child has ended or left (one killed by a signal
     kills this process with it); in the child: None, and the command runs there."""
-    from ..util.workers import die_with_parent
+    from ..util.processes import die_with_parent
     global _status, _parent
     status = mmap.mmap(-1, 8)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would reap the child unseen

@@ -31,6 +31,7 @@ from typing import IO, TextIO
 
 from ..errors import FanfsError, UsageError
 from ..records import setting
+from ..util.processes import fanfs_command
 from .serving import READY_LINE
 
 READY_MARK = READY_LINE.split("{")[0]  # "fanfs: ready: "
@@ -101,7 +102,7 @@ class BatchJob:
         self.store = store
         self.command = list(command)
         self.settings = settings
-        self.fanfs = [sys.executable, "-m", "fanfs"]  # the same installation on every node
+        self.fanfs = fanfs_command()  # the same installation on every node, whatever the submit directory holds
         self.serve: subprocess.Popen | None = None
         self.train: subprocess.Popen | None = None
         self.stopped_by: int | None = None

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import FanfsError
 from ..util.sockets import recv_exactly
-from ..util.workers import die_with_parent
+from ..util.processes import die_with_parent
 
 log = logging.getLogger("fanfs")
 

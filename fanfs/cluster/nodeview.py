@@ -25,7 +25,7 @@ from ..store.format import INDEX_NAME
 from ..store.index import Index
 from ..util.files import read_regular
 from ..util.runtime import create_private, private_dir
-from ..util.workers import pid_alive
+from ..util.processes import pid_alive
 from ..cache.share import NodeStore, node_store
 from ..peers.peer import PeerClient
 from ..peers.peerwire import NodeKey

@@ -17,7 +17,7 @@ import socket
 import uuid
 
 from ..store.format import INDEX_MAGIC, INDEX_NAME, SAVED_NAMES, SHARD_DIR
-from ..util.workers import pid_alive
+from ..util.processes import pid_alive
 from .janitor import PARTIAL_MARKER
 from .shards import PackError
 

@@ -13,7 +13,7 @@ import concurrent.futures as cf
 import contextlib
 from collections.abc import Iterator
 
-from ..util.workers import process_pool
+from ..util.processes import process_pool
 from .shards import PackError, ShardJob, ShardResult, pack_shard
 
 class ShardRunner:

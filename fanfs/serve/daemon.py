@@ -25,9 +25,9 @@ from ..store import Store
 from ..store.format import INDEX_NAME, SHARD_DIR
 from ..util.deadline import Deadline, Stalled, deadline_for, within
 from ..util.mounts import mounted, unmount
+from ..util.processes import exited, wait_ended
 from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
-from ..util.workers import exited, wait_ended
 from . import control
 from .readahead import PREFETCH, READAHEAD
 

@@ -45,7 +45,7 @@ from typing import Any
 
 from ..errors import FanfsError
 from ..util.sockets import recv_exactly
-from ..util.workers import die_with_parent, exited
+from ..util.processes import die_with_parent, exited
 from . import lowlevel as ll
 
 log = logging.getLogger("fanfs")

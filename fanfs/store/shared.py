@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from ..errors import WouldWait
-from ..util.workers import pid_alive
+from ..util.processes import pid_alive
 
 EMPTY, LOADING, READY = 0, 1, 2
 SLOTS = 16

@@ -27,10 +27,10 @@ from ..records import FULL, Auto, Presentation, register_resolver
 from ..records.jpeg import DEFAULT_MAX_PIXELS, FIDELITY, MAX_SIZE, JpegError, JpegRecords, frame, tier_values
 from ..store import Store
 from ..util.files import read_regular
-from ..util.plots import pyplot
+from ..util.images import pyplot
 from ..util.progress import Progress
 from ..util.runtime import create_private, runtime_dir
-from ..util.workers import process_pool
+from ..util.processes import process_pool
 from .curve import FidelityCurve, reasons, saved_curve
 from .quality import WIN
 

@@ -18,13 +18,14 @@ NODES = 3
 
 
 def submit(slurm, store: Path, out: Path, *task_args: str, env: dict[str, str] | None = None, nodes: int = NODES,
-           options: tuple[str, ...] = ()) -> int:
-    """``sbatch -N 3 slurm/train.sbatch STORE python slurm_task.py OUT '$FANFS_MNT' ...`` with fanfs on PATH."""
+           options: tuple[str, ...] = (), cwd: Path | None = None) -> int:
+    """``sbatch -N 3 slurm/train.sbatch STORE python slurm_task.py OUT '$FANFS_MNT' ...`` with fanfs on PATH, submitted
+    from ``cwd`` (default: the cluster's job directory)."""
     out.mkdir(exist_ok=True)
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     segments = mpi_segments()
     job = slurm.submit(SBATCH, store, sys.executable, TASK, out, "$FANFS_MNT", *task_args,
-                        sbatch_options=["-N", str(nodes), *options], env={"PATH": path, **(env or {})})
+                        sbatch_options=["-N", str(nodes), *options], env={"PATH": path, **(env or {})}, cwd=cwd)
     if nodes > 1:  # a job of one node never starts MPI
         SEGMENTS_BEFORE[job] = segments, nodes
     return job

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import time
 
-from ...util.workers import process_pool
+from ...util.processes import process_pool
 from ..classify import CLASSES
 from .decide import Selection, decide, make_plan
 from .demand import Demand, SelectError, parse_fraction, parse_rate

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...util.plots import pyplot
+from ...util.images import pyplot
 from ...util.units import human_size
 from .decide import Selection, rate_text
 from .measure import MB

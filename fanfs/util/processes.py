@@ -1,4 +1,5 @@
-"""Worker processes that never outlive their parent and never see a Ctrl-C meant for it.
+"""Child processes: pools of workers that never outlive their parent and never see a Ctrl-C meant for it, whether a
+process is alive, and how this installation's ``fanfs`` command is started in a child.
 
 Every process pool of fanfs (pack, fidelity measurement, compressor selection) comes from here:
 
@@ -17,12 +18,26 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+_MAIN = ("import sys\n"
+         "if not getattr(sys.flags, 'safe_path', False):\n"  # -P (3.11) leaves the directory out already
+         "    del sys.path[0]\n"
+         "from fanfs.cli import entry\n"
+         "entry()\n")
+
+
+def fanfs_command() -> list[str]:
+    """The argv prefix that runs this interpreter's fanfs command line in a child (a job step, the demo's commands),
+    whatever its working directory holds: ``python -m fanfs`` puts that directory first on ``sys.path``, and a folder
+    named fanfs there (a clone of the checkout: git's default name, where a user submits a job from) would be
+    imported instead of the installed package."""
+    return [sys.executable, "-c", _MAIN]
 
 
 def pid_alive(pid: int) -> bool:
