@@ -66,6 +66,15 @@ def mount(tmp_path: Path):
     return _mount
 
 
+@pytest.fixture
+def fuse_for_users():
+    """/dev/fuse open to every user, as a distribution ships it (a container may make it root's alone)."""
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    os.chmod("/dev/fuse", mode | 0o666)
+    yield
+    os.chmod("/dev/fuse", mode)
+
+
 @pytest.fixture(scope="session")
 def runtime_dir(tmp_path_factory):
     """Set up before any other session fixture and so torn down after all of them: then nothing of this

@@ -335,15 +335,6 @@ def _as_nobody_sha256(path: Path) -> str:
                           check=True, capture_output=True, text=True).stdout.split()[0]
 
 
-@pytest.fixture
-def fuse_for_users():
-    """/dev/fuse open to every user, as a distribution ships it (a container may make it root's alone)."""
-    mode = os.stat("/dev/fuse").st_mode & 0o777
-    os.chmod("/dev/fuse", mode | 0o666)
-    yield
-    os.chmod("/dev/fuse", mode)
-
-
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to be another user")
 def test_an_unprivileged_daemon_splices_too(extents, fuse_for_users):
     """A plain user's daemon splices too: a re-read after the file's pages were dropped is served (``bytes_spliced``

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from fanfs_command import fanfs
+from support.inject import KERNELS, old_kernel
+from support.nobody import RUN_AS_NOBODY
 
 from fanfs.errors import FanfsError
 from fanfs.store import Store
@@ -39,6 +45,7 @@ def _evict(store: Path) -> None:
     for shard in (store / "shards").iterdir():
         fd = os.open(shard, os.O_RDONLY)
         try:
+            os.fdatasync(fd)  # a fresh copy's pages are dirty, and the kernel drops only clean ones
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
@@ -57,10 +64,18 @@ def _settled(mnt: Path) -> dict:
     return now
 
 
-def test_a_mount_on_a_store_reads_an_order_ahead_within_its_budget(many_shards, tmp_path, mount):
+WAYS = {"6.5+": "cachestat", "4.18-6.4": "mincore", "no mincore": "probe"}
+"""Which way (fanfs.store.resident) tells root's daemon what is in memory on each of KERNELS."""
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_mount_on_a_store_reads_an_order_ahead_within_its_budget(many_shards, tmp_path, mount, monkeypatch, kernel):
     """An order ten times the store (ten epochs), a budget of a few files: it reads ahead up to the budget, never past
-    it, and on as the readers read; stats say how far ahead it is."""
+    it, and on as the readers read; stats say how far ahead it is.  Issue 49: on every kernel fanfs supports (RHEL 8
+    and 9 have no cachestat: a read-ahead that took "cannot say" for "in memory" read nothing ahead there)."""
     src, store, names = many_shards
+    if KERNELS[kernel]:
+        old_kernel(monkeypatch, *KERNELS[kernel])
     order = tmp_path / "order"
     order.write_text("\n\n".join("\n".join(np.random.default_rng(e).permutation(names)) for e in range(10)) + "\n")
     budget = 5 * 20_000 + 1000
@@ -80,6 +95,48 @@ def test_a_mount_on_a_store_reads_an_order_ahead_within_its_budget(many_shards, 
         assert ahead["ahead_bytes"] <= budget and ahead["streams"]["ctl"]["position"] > 40, ahead
         lines = fanfs("stats", mnt).stdout
         assert "files read ahead of the readers" in lines and "requests" in lines
+        answers = _stats(mnt)["page_cache_answers"]
+        assert answers[WAYS[kernel]] > 0 and sum(answers.values()) == answers[WAYS[kernel]], answers
+        assert f"by {WAYS[kernel]}" in lines
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to be another user")
+def test_a_plain_user_s_mount_of_another_user_s_store_reads_ahead_on_an_old_kernel(many_shards, monkeypatch,
+                                                                                  fuse_for_users):
+    """Issue 49: before cachestat (Linux 6.5), mincore is the cheap way to ask, but since Linux 5.0 (and on RHEL 8's
+    4.18) it says every page of a file another user owns is in memory.  A plain user's daemon serving a store its data
+    manager packed (root's here, readable by all) must not take that for true: it asks another way, and reads ahead."""
+    src, store, names = many_shards
+    mine = Path(tempfile.mkdtemp(prefix="fanfs-test-nobody-"))  # not under pytest's directory: closed to others
+    os.chmod(mine, 0o755)
+    shutil.copytree(store, mine / "store")  # root's, published to every user as a data manager would
+    subprocess.run(["chmod", "-R", "a+rX", mine / "store"], check=True)
+    (mine / "mnt").mkdir()
+    shutil.chown(mine / "mnt", "nobody", "nogroup")
+    (mine / "order").write_text("\n".join(np.random.default_rng(0).permutation(names)) + "\n")
+    env = {k: v for k, v in old_kernel(monkeypatch, "cachestat").items() if k != "FANFS_RUNTIME_DIR"}  # nobody's own
+
+    def as_nobody(*args: object) -> str:
+        done = subprocess.run([sys.executable, str(RUN_AS_NOBODY), *map(str, args)], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    try:
+        as_nobody("mount", mine / "store", mine / "mnt", "--prefetch", 5 * 20_000 + 1000)
+        _evict(mine / "store")
+        as_nobody("ctl", mine / "mnt", "--order", mine / "order")
+        deadline, stats = time.monotonic() + 60, {}
+        while time.monotonic() < deadline and not (stats := json.loads(as_nobody("stats", mine / "mnt", "--json")))[
+                "prefetch"]["files"]:
+            time.sleep(0.2)
+        answers = stats["page_cache_answers"]
+        assert stats["prefetch"]["files"] >= 4 and answers["probe"] > 0 and answers["mincore"] == 0, (stats["prefetch"], answers)
+    finally:
+        subprocess.run([sys.executable, str(RUN_AS_NOBODY), "umount", str(mine / "mnt")], capture_output=True, env=env)
+        if os.path.ismount(mine / "mnt"):
+            subprocess.run(["fusermount3", "-uz", str(mine / "mnt")])
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 def test_an_order_of_no_store_file_and_a_budget_of_zero_are_one_line(many_shards, tmp_path, mount):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fanfs_command import fanfs, force_unmount
+from support.inject import KERNELS, old_kernel
 
 from fanfs.serve import control
 from fanfs.store import Store
@@ -120,8 +121,13 @@ def _reader(path: Path, offset: int = 0, size: int = 1 << 30) -> tuple[threading
     return thread, out
 
 
-def test_a_read_in_memory_is_answered_while_another_waits_on_the_disk(disk, mount):
+@pytest.mark.parametrize("calls", [(), ("preadv2",), ("preadv2", "cachestat")], ids=["nowait", "no-nowait", "no-nowait-4.18"])
+def test_a_read_in_memory_is_answered_while_another_waits_on_the_disk(disk, mount, monkeypatch, calls):
+    """Issue 49 too: where reads without waiting are refused (a file system that refuses ``RWF_NOWAIT``, here the whole
+    call), the loop asks whether the bytes are in memory before it reads them, on any kernel."""
     src, store, ctl, image = disk
+    if calls:
+        old_kernel(monkeypatch, *calls)
     cold, warm = _shard_file(store, b"a.bin"), _shard_file(store, b"b.bin")
     assert cold != warm
     with mount(store) as mnt:
@@ -154,9 +160,13 @@ def _blocked_threads(pid: int) -> int:
     return count
 
 
-def test_an_evicted_extent_read_by_four_readers_is_answered_by_several_threads(disk, mount):
-    """Issue 40: a verified extent whose pages were evicted was spliced in the loop, one disk read at a time."""
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_an_evicted_extent_read_by_four_readers_is_answered_by_several_threads(disk, mount, monkeypatch, kernel):
+    """Issue 40: a verified extent whose pages were evicted was spliced in the loop, one disk read at a time.  Issue 49:
+    on every kernel (before cachestat, the loop took "cannot say" for "in memory")."""
     src, store, ctl, image = disk
+    if KERNELS[kernel]:
+        old_kernel(monkeypatch, *KERNELS[kernel])
     want = (src / "big.raw").read_bytes()
     with mount(store) as mnt:
         assert (mnt / "big.raw").read_bytes() == want  # every chunk verified

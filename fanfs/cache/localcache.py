@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import FanfsError, NotHeld, WouldWait
 from ..util.checksum import checksum
-from ..store.resident import Unsupported, pread_resident
+from ..store.resident import NoWaitReads
 from ..store.sources import ShardSource, reopen
 from .keyedlocks import KeyedLocks
 
@@ -121,7 +121,7 @@ class DiskCache:
         self.states = np.frombuffer(self._map, np.uint8, self.blobs, HEADER_SIZE)
         self._states = memoryview(self._map)[HEADER_SIZE:]
         self._locks = KeyedLocks()
-        self._nowait = True  # its file system can read without waiting (RWF_NOWAIT)
+        self._nowait = NoWaitReads()
         self.punch_failed = False
 
     # --- what is here -----------------------------------------------------------------------------
@@ -156,13 +156,9 @@ class DiskCache:
             return data
 
     def _pread(self, blob: int, length: int, wait: bool) -> bytes:
-        if wait or not self._nowait:
+        if wait:
             return os.pread(self._data, length, self._slot[blob])
-        try:
-            return pread_resident(self._data, length, self._slot[blob])
-        except Unsupported:  # a cache on tmpfs, which never waits
-            self._nowait = False
-            return os.pread(self._data, length, self._slot[blob])
+        return self._nowait.pread(self._data, length, self._slot[blob])
 
     # --- filling and dropping ---------------------------------------------------------------------
 

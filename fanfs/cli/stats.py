@@ -48,6 +48,11 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
     if "reads_in_memory" in stats:
         lines.append(f"requests   {stats['reads_in_memory']:,} answered at once (their bytes were in memory), "
                      f"{stats['reads_deferred']:,} by threads that waited on a disk or a peer")
+    answers = stats.get("page_cache_answers", {})
+    if any(answers.values()):
+        ways = ", ".join(f"{count:,} by {way}" for way, count in answers.items() if count)
+        lines.append(f"page cache asked {sum(answers.values()):,} times whether bytes were in memory: {ways}"
+                     + (" (unknown: no way of this kernel's could say)" if answers.get("unknown") else ""))
     if "lookups" in stats:  # a mount's requests for names: one per name not seen in a listing first
         lines.append(f"names      {stats['lookups']:,} looked up, {stats['listed']:,} given with their attributes in listings")
     lines.append(f"blobs      {hits + misses:,} read, {hits:,} of them from fanfs's memory cache (--cache-size keeps only "

@@ -23,6 +23,7 @@ from ..errors import FanfsError, StoreError
 from ..records import Presentation, check_presentation, presentation_notes, side_names
 from ..store import Store
 from ..store.format import INDEX_NAME, SHARD_DIR
+from ..store.resident import ANSWERS
 from ..util.deadline import Deadline, Stalled, deadline_for, within
 from ..util.mounts import mounted, unmount
 from ..util.processes import exited, wait_ended
@@ -225,7 +226,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
 
     def counters() -> Counters:
         return {**store.stats.as_dict(), "lookups": fs.lookups, "listed": fs.listed, "reads_in_memory": fs.in_memory,
-                "reads_deferred": fs.deferred,
+                "reads_deferred": fs.deferred, "page_cache_answers": dict(ANSWERS),
                 **(hooks.counters() if hooks.counters else {})}
 
     def stats(message: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..errors import FanfsError
+from ..util.cbytes import BYTES_DATA, IoVec
 from . import readahead
 from .structs import (  # noqa: F401  (re-exported: the front builds its replies from them)
     ATTR_OFFSET, CAP_READDIRPLUS_AUTO, CAP_SPLICE_WRITE, CONN_CAPABLE, CONN_MAX_READ, CONN_MAX_READAHEAD, CONN_WANT, INIT, INO,
@@ -109,15 +110,7 @@ reply_buf = lib.fuse_reply_buf
 _reply_at = ctypes.CFUNCTYPE(ctypes.c_int, c_req, _vp, ctypes.c_size_t)(("fuse_reply_buf", lib))
 
 
-class IoVec(ctypes.Structure):
-    _fields_ = [("base", _vp), ("len", ctypes.c_size_t)]
-
-
 _reply_iov = ctypes.CFUNCTYPE(ctypes.c_int, c_req, ctypes.POINTER(IoVec), ctypes.c_int)(("fuse_reply_iov", lib))
-_BYTES_DATA = bytes.__basicsize__ - 1
-"""Where a bytes object's data begins, from its address (CPython's layout: ``ob_sval`` ends the fixed part)."""
-if ctypes.string_at(id(_probe := b"fanfs") + _BYTES_DATA, 5) != _probe:
-    raise ImportError("fanfs's FUSE binding needs CPython's bytes layout")
 
 
 def reply_spans(req: int, spans: Sequence[tuple[bytes, int, int]]) -> None:
@@ -126,13 +119,13 @@ def reply_spans(req: int, spans: Sequence[tuple[bytes, int, int]]) -> None:
     if len(spans) == 1:
         data, start, length = spans[0]
         if type(data) is bytes:
-            _reply_at(req, id(data) + _BYTES_DATA + start, length)
+            _reply_at(req, id(data) + BYTES_DATA + start, length)
             return
     if any(type(data) is not bytes for data, _, _ in spans):
         joined = b"".join(bytes(memoryview(data)[start:start + length]) for data, start, length in spans)
         reply_buf(req, joined, len(joined))
         return
-    iov = (IoVec * len(spans))(*((id(data) + _BYTES_DATA + start, length) for data, start, length in spans))
+    iov = (IoVec * len(spans))(*((id(data) + BYTES_DATA + start, length) for data, start, length in spans))
     _reply_iov(req, iov, len(spans))
 
 

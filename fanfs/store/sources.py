@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import NotHeld, StoreError, WouldWait
 from ..util.deadline import close_within, deadline_for, within
 from ..util.files import open_regular
-from .resident import Unsupported, pread_resident
+from .resident import NoWaitReads
 from .format import SHARD_DIR, SHARD_HEADER, check_shard_header, shard_name
 
 __all__ = ["NotHeld", "ShardSource", "InPlace", "ReadsRuns", "ReadsInMemory", "Descriptors", "LocalShards",
@@ -127,7 +127,7 @@ class LocalShards(ShardSource):
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         self.deadline = deadline_for(directory)  # None on a local disk
-        self._nowait = True  # the file system can read without waiting (RWF_NOWAIT); tmpfs cannot, nor needs to
+        self._nowait = NoWaitReads()
 
     def path(self, shard: int) -> str:
         return os.path.join(self.directory, shard_name(shard))
@@ -171,13 +171,7 @@ class LocalShards(ShardSource):
     def read_resident(self, blob: int, shard: int, offset: int, length: int) -> bytes:
         if self.deadline is not None:
             raise WouldWait  # a network file system's: read by a thread that may wait, for its deadline
-        if not self._nowait:
-            return self._pread(shard, length, offset)
-        try:
-            return pread_resident(self._fd(shard), length, offset)
-        except Unsupported:  # tmpfs, which never waits: plain reads from now on
-            self._nowait = False
-            return self._pread(shard, length, offset)
+        return self._nowait.pread(self._fd(shard), length, offset)
 
     def descriptor(self, blob: int, shard: int) -> int | None:
         return None if self.deadline is not None else self._fd(shard)

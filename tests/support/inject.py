@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent / "inject"
+KERNELS = {"6.5+": (), "4.18-6.4": ("cachestat",), "no mincore": ("cachestat", "mincore")}
+"""Kernels fanfs supports, by the calls they lack (RHEL 8 is 4.18, RHEL 9 5.14: no cachestat), for :func:`old_kernel`."""
 
 
 def inject(monkeypatch: pytest.MonkeyPatch, *items: str) -> dict[str, str]:
@@ -16,4 +18,14 @@ def inject(monkeypatch: pytest.MonkeyPatch, *items: str) -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
     monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{path}" if path else str(HERE))
     monkeypatch.setenv("FANFS_TEST_INJECT", ";".join(items))
+    return dict(os.environ)
+
+
+def old_kernel(monkeypatch: pytest.MonkeyPatch, *calls: str) -> dict[str, str]:
+    """Make every fanfs process started from now on run as on a kernel without ``calls`` (names, e.g. "cachestat"):
+    they fail with ENOSYS (inject/enosys.py); returns that environment."""
+    path = os.environ.get("PYTHONPATH", "")
+    if str(HERE) not in path.split(os.pathsep):
+        monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{path}" if path else str(HERE))
+    monkeypatch.setenv("FANFS_TEST_ENOSYS", ",".join(calls))
     return dict(os.environ)

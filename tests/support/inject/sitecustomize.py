@@ -7,10 +7,18 @@ writes both): each module is imported and its attribute set to the expression's 
     fanfs.serve.fusefs:INVALIDATE_DELAY=0.003       a slow kernel's invalidations
     fanfs.cache.localcache:FILL_DELAY=60            a fill that waits with half its copy written
     fanfs.serve.splice:pipe_max_size=lambda: 4096   a site whose pipes are one page
+
+and, in ``FANFS_TEST_ENOSYS``, the system calls (``,``-separated names) that fail with ENOSYS in the process and all it
+starts: an older kernel (enosys.py).
 """
 
 import importlib
 import os
+
+if os.environ.get("FANFS_TEST_ENOSYS"):
+    import enosys
+
+    enosys.deny(*os.environ["FANFS_TEST_ENOSYS"].split(","))
 
 for item in filter(None, os.environ.get("FANFS_TEST_INJECT", "").split(";")):
     target, _, expression = item.partition("=")
