@@ -114,3 +114,20 @@ def test_an_extent_whose_copy_is_cut_after_it_was_verified_is_never_served_short
             f.write(whole)
         _drop_pages(path)
         assert path.read_bytes() == want
+        if copy == "lazy":
+            return  # a lazy cache fills itself again from the store while its copy is cut: nothing left to come back
+        # Issue 49: cut again, noticed, then whole with one byte changed in a chunk the cut never reached: every chunk
+        # of a copy that was cut is verified again (a copy cut may come back with other bytes anywhere)
+        os.truncate(victim, len(whole) - 3 * MIB)
+        _drop_pages(path)
+        with pytest.raises(OSError):
+            path.read_bytes()
+        first = whole.find(want[:MIB])  # the extent's first chunk in the copy
+        changed = bytearray(whole)
+        changed[first + 100] ^= 0xFF
+        with open(victim, "r+b") as f:
+            f.write(changed)
+        _drop_pages(path)
+        with pytest.raises(OSError) as failed:
+            path.read_bytes()
+        assert failed.value.errno == errno.EIO

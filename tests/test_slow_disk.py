@@ -5,6 +5,7 @@ in memory waits there, and every other read must go on."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -181,3 +182,50 @@ def test_an_evicted_extent_read_by_four_readers_is_answered_by_several_threads(d
         for (thread, got), chunk in zip(readers, (0, 2, 4, 5)):
             thread.join(WAIT)
             assert got["data"] == want[chunk * MIB:(chunk + 1) * MIB]
+
+
+def test_a_disk_error_under_a_splice_is_an_eio_a_log_line_and_no_bytes_served(disk, mount):
+    """Issue 49: libfuse answers a spliced reply whose copy cannot be read with the read's error itself, and returns 0 as
+    for a reply sent: the read was counted as served and never logged.  Now: the reader gets EIO, one log line names
+    the file, nothing is counted as spliced, and once the disk reads again the file reads whole."""
+    src, store, ctl, image = disk
+    want = (src / "big.raw").read_bytes()
+    with mount(store) as mnt:
+        assert (mnt / "big.raw").read_bytes() == want  # every chunk verified: from now on spliced
+        before = control.request(str(mnt), {"cmd": "stats"}, timeout=10)
+        _evict(mnt / "big.raw", _shard_file(store, b"big.raw"), image)
+        (ctl / "bad").touch()
+        try:
+            with pytest.raises(OSError) as failed:
+                (mnt / "big.raw").read_bytes()
+        finally:
+            (ctl / "bad").unlink()
+        assert failed.value.errno == errno.EIO
+        after = control.request(str(mnt), {"cmd": "stats"}, timeout=10)
+        assert after["bytes_spliced"] == before["bytes_spliced"] and after["errors"] > before["errors"], after
+        log = Path(control.log_path(str(mnt))).read_text()
+        assert "big.raw" in log and "EIO" in log, log
+        _evict(mnt / "big.raw", _shard_file(store, b"big.raw"), image)
+        assert (mnt / "big.raw").read_bytes() == want
+
+
+def test_the_first_read_of_an_extent_verifies_it_off_the_loop(disk, mount):
+    """Issue 49: a first read of an extent reads its chunk once to verify it, a disk read: never in the loop (the
+    slow-disk tests read every extent whole first, so a loop that verified inline passed them)."""
+    src, store, ctl, image = disk
+    warm = _shard_file(store, b"b.bin")
+    with mount(store) as mnt:
+        _evict(_shard_file(store, b"big.raw"), warm, image)
+        warm.read_bytes()  # b.bin's shard in memory; big.raw's chunks neither verified nor in memory
+        (ctl / "slow").touch()
+        try:
+            waiting, got_big = _reader(mnt / "big.raw", 0, MIB)
+            _until(lambda: _held(ctl) > 0, "the first read of big.raw reaching the disk")
+            answered, got_b = _reader(mnt / "b.bin")
+            answered.join(WAIT)
+            assert not answered.is_alive(), "b.bin, in memory, waited for big.raw's verification"
+            assert got_b["data"] == (src / "b.bin").read_bytes()
+        finally:
+            (ctl / "slow").unlink()
+        waiting.join(WAIT)
+        assert got_big["data"] == (src / "big.raw").read_bytes()[:MIB]

@@ -43,7 +43,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .. import tune  # noqa: F401  (registers the resolvers of auto values)
     from ..records import Presentation, blobs_read, check_presentation, resolve
     from ..store import Store
-    from ..store.info import format_info, store_info
+    from .info import format_info, store_info
     store = Store(args.store, check_shards=False)
     info = store_info(store)
     info["fidelity_curve"] = _saved_curve_line(store)

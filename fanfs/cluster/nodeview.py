@@ -79,25 +79,36 @@ def open_node(directory: str | os.PathLike, cache_size: int) -> NodeStore:
     except (OSError, ValueError) as err:
         raise FanfsError(f"{directory}: cannot read the node's view: {getattr(err, 'strerror', None) or err}") from None
     try:
-        pid, store_root, rank = int(facts["pid"]), str(facts["store"]), int(facts["rank"])
+        pid = int(facts["pid"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise FanfsError(f"{directory}: a malformed node view ({err})") from None
+    if not pid_alive(pid):
+        raise FanfsError(f"the fanfs node that served in {directory} (pid {pid}) has ended")
+    index = Index(os.path.join(str(facts.get("store")), INDEX_NAME))
+    return node_reader(facts, private, index, cache_size, directory)
+
+
+def node_reader(facts: dict[str, Any], private: bytes, index: Index, cache_size: int, where: str) -> NodeStore:
+    """The store of the node that published ``facts`` and its key (``private``), opened in this process with
+    ``index`` (the store's, as the node validated it); ``where`` names the node in errors."""
+    try:
+        store_root, rank = str(facts["store"]), int(facts["rank"])
         publics = [bytes.fromhex(public) for public in facts["publics"]]
         endpoints = [(str(host), int(port)) for host, port in facts["endpoints"]]
         key = NodeKey(private)
         lazy, capacity = facts.get("stage") == "lazy", facts.get("capacity")
         capacity = None if capacity is None else int(capacity)
+        replicas, local_dir, timeout = int(facts["replicas"]), str(facts["local_dir"]), float(facts["peer_timeout"])
+        staged = Presentation(facts["staged"])
     except (KeyError, TypeError, ValueError) as err:
-        raise FanfsError(f"{directory}: a malformed node view ({err})") from None
-    if not pid_alive(pid):
-        raise FanfsError(f"the fanfs node that served in {directory} (pid {pid}) has ended")
+        raise FanfsError(f"{where}: a malformed node view ({err})") from None
     if not 0 <= rank < len(publics) or key.public != publics[rank]:
-        raise FanfsError(f"{directory}: the node's key is not rank {rank}'s of its job")
-    index = Index(os.path.join(store_root, INDEX_NAME))
+        raise FanfsError(f"{where}: the node's key is not rank {rank}'s of its job")
     if index.meta["store_id"] != facts["store_id"]:
-        raise FanfsError(f"{store_root} is not the store the node in {directory} serves (packed again since?)")
-    client = PeerClient(endpoints, publics, rank, key, bytes.fromhex(facts["store_id"]), index.blob_stored,
-                        float(facts["peer_timeout"]))
-    return node_store(store_root, index, rank, len(endpoints), int(facts["replicas"]), str(facts["local_dir"]),
-                      Presentation(facts["staged"]), client, cache_size, lazy=lazy, capacity=capacity)
+        raise FanfsError(f"{store_root} is not the store the node in {where} serves (packed again since?)")
+    client = PeerClient(endpoints, publics, rank, key, bytes.fromhex(facts["store_id"]), index.blob_stored, timeout)
+    return node_store(store_root, index, rank, len(endpoints), replicas, local_dir, staged, client, cache_size,
+                      lazy=lazy, capacity=capacity)
 
 
 def _write(path: str, data: bytes) -> None:

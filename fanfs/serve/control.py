@@ -30,6 +30,8 @@ from ..util.runtime import create_private, runtime_dir
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 MAX_MESSAGE = 1 << 16
+FDS = "_fds"
+"""A handler's answer may list descriptors under this key: they are passed with it (``SCM_RIGHTS``), not written."""
 
 
 def _stem(mountpoint: str) -> str:
@@ -143,30 +145,49 @@ class MountLock:
         self.release()
 
 
-def _peer_uid(sock: socket.socket) -> int:
+def peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket, as the kernel says (``SO_PEERCRED``)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    return peer_credentials(sock)[1]
 
 
 def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
     """Send one request to the daemon of ``mountpoint`` and return its JSON answer."""
+    answer, fds, _ = request_with_fds(mountpoint, message, timeout)
+    for fd in fds:  # none was asked for
+        os.close(fd)
+    return answer
+
+
+def request_with_fds(mountpoint: str, message: dict[str, Any], timeout: float = 30.0,
+                     max_fds: int = 0) -> tuple[dict[str, Any], list[int], int]:
+    """Send one request to the daemon of ``mountpoint``: its JSON answer, the descriptors it passed with it (at most
+    ``max_fds``, the caller's to close) and its pid (as the kernel says: ``SO_PEERCRED``)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         _connect(sock, mountpoint)
-        if _peer_uid(sock) != os.getuid():
-            raise ControlError(f"the control socket of {mountpoint} is served by uid {_peer_uid(sock)}, not by you: "
+        pid, uid = peer_credentials(sock)
+        if uid != os.getuid():
+            raise ControlError(f"the control socket of {mountpoint} is served by uid {uid}, not by you: "
                                "refusing to talk to it")
         sock.sendall(json.dumps(message).encode() + b"\n")
-        data = _recv_line(sock)
+        data, fds = _recv_line(sock, max_fds)
     try:
         answer = json.loads(data or b"{}")
+        if not isinstance(answer, dict):
+            raise ValueError("not an object")
     except ValueError:
-        raise ControlError(f"the daemon of {mountpoint} sent a malformed answer") from None
-    if not isinstance(answer, dict):
-        raise ControlError(f"the daemon of {mountpoint} sent a malformed answer")
+        answer = {"error": f"the daemon of {mountpoint} sent a malformed answer"}
     if "error" in answer:
+        for fd in fds:
+            os.close(fd)
         raise ControlError(str(answer["error"]))
-    return answer
+    return answer, fds, pid
 
 
 def presenter(mountpoint: str, setting: str) -> Callable[[int], dict[str, Any]]:
@@ -185,17 +206,27 @@ def presenter(mountpoint: str, setting: str) -> Callable[[int], dict[str, Any]]:
     return apply
 
 
-def _recv_line(sock: socket.socket) -> bytes:
-    """One newline-terminated JSON message (or what came before the peer closed), at most MAX_MESSAGE bytes."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(MAX_MESSAGE)
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > MAX_MESSAGE:
-            raise ControlError(f"control message longer than {MAX_MESSAGE} bytes")
-    return data
+def _recv_line(sock: socket.socket, max_fds: int = 0) -> tuple[bytes, list[int]]:
+    """One newline-terminated JSON message (or what came before the peer closed), at most MAX_MESSAGE bytes, and the
+    descriptors passed with it (at most ``max_fds``: any more the kernel closes)."""
+    data, fds = b"", []
+    try:
+        while not data.endswith(b"\n"):
+            if max_fds:
+                chunk, passed, _, _ = socket.recv_fds(sock, MAX_MESSAGE, max_fds)
+                fds += passed
+            else:
+                chunk = sock.recv(MAX_MESSAGE)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > MAX_MESSAGE:
+                raise ControlError(f"control message longer than {MAX_MESSAGE} bytes")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return data, fds
 
 
 class ControlServer:
@@ -203,7 +234,8 @@ class ControlServer:
     socket is bound at once, before the mount: afterwards resolving the mount point's path would ask the
     very daemon that is not yet answering).
 
-    A handler raises ValueError (or a FanfsError) for a request it refuses; the client gets its message.
+    A handler raises ValueError (or a FanfsError) for a request it refuses; the client gets its message.  Its answer
+    may pass descriptors (:data:`FDS`): a mount hands its in-process readers its shared memory so.
     """
 
     def __init__(self, mountpoint: str, handlers: dict[str, Handler]) -> None:
@@ -232,7 +264,7 @@ class ControlServer:
                     conn.settimeout(10)
                     if _peer_uid(conn) != os.getuid():
                         raise ValueError("not your mount")
-                    message = json.loads(_recv_line(conn))
+                    message = json.loads(_recv_line(conn)[0])
                     if not isinstance(message, dict):
                         raise ValueError("a request is a JSON object")
                     handler = self.handlers.get(message.get("cmd"))
@@ -243,8 +275,10 @@ class ControlServer:
                     answer = {"error": str(err)}
                 except Exception as err:  # a bad request must not take the daemon down
                     answer = {"error": f"{type(err).__name__}: {err}"}
+                fds = answer.pop(FDS, [])
                 try:
-                    conn.sendall(json.dumps(answer).encode() + b"\n")
+                    socket.send_fds(conn, [json.dumps(answer).encode() + b"\n"], fds) if fds else \
+                        conn.sendall(json.dumps(answer).encode() + b"\n")
                 except OSError:
                     pass
 

@@ -16,59 +16,20 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import FanfsError, StoreError
-from ..records import Presentation, check_presentation, presentation_notes, side_names
+from ..records import check_presentation
 from ..store import Store
 from ..store.format import INDEX_NAME, SHARD_DIR
-from ..store.resident import ANSWERS
 from ..util.deadline import Deadline, Stalled, deadline_for, within
 from ..util.mounts import mounted, unmount
 from ..util.processes import exited, wait_ended
 from ..util.runtime import create_private, runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
 from . import control
-from .readahead import PREFETCH, READAHEAD
+from .options import Counters, Hooks, MountOptions  # noqa: F401  (re-exported: what a mount is, for its callers)
 
 log = logging.getLogger("fanfs")
-
-Counters = dict[str, Any]
-
-
-@dataclass
-class MountOptions:
-    """What a mount is, whoever asks for it (``fanfs mount``, a cluster node, a Slurm job's node)."""
-
-    cache_size: int = 1 << 30
-    presentation: Presentation = field(default_factory=Presentation)
-    foreground: bool = False
-    allow_other: bool = False
-    debug: bool = False
-    workers: int = 1  # serving processes (fanfs.serve.workers); 1: one loop in the daemon itself
-    readahead: int = READAHEAD  # the kernel's readahead window asked for (fanfs.serve.readahead); 0: its default
-    prefetch: int = PREFETCH  # bytes read ahead of a known order (fanfs.cache.follow); 0: none
-
-
-@dataclass
-class Hooks:
-    """What the caller of a mount adds to it (a cluster node: its peer server, client and their figures; a Slurm
-    job: the line that says the node serves).  Every one is optional."""
-
-    on_ready: Callable[[], None] | None = None
-    """The mount serves (INIT answered)."""
-    serving: Callable[[], None] | None = None
-    """Its serving processes are there: start the caller's threads now (forking is over)."""
-    counters: Callable[[], Counters] | None = None
-    """Counters kept in each serving process (summed over them for ``fanfs stats``)."""
-    extra_stats: Callable[[Counters], dict[str, Any]] | None = None
-    """What to add to the "stats" answer, given the summed counters."""
-    commands: dict[str, control.Handler] = field(default_factory=dict)
-    """More requests the control socket answers (a lazily staged node: "order")."""
-    on_present: Callable[[Presentation], None] | None = None
-    """The presentation was switched (in the control thread, once the switch is done)."""
-
 
 def check_mountpoint(mountpoint: str, store_root: str, local_dir: str | None = None) -> None:
     """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon of
@@ -201,66 +162,19 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
 def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: int | None,
                hooks: Hooks | None = None) -> None:
     """Serve ``store`` at ``mountpoint`` from this process (and its serving processes) until unmounted."""
+    from .answers import MountAnswers
     from .fusefs import FanfsFS, serve
-    from .workers import merge_counters
 
     configure_server()
-    started = time.monotonic()
-    layered = bool(store.index.layers.size) and int(store.index.layers.max()) > 1  # stats then show bytes per layer
-    hooks = hooks or Hooks()
-    processes = None  # the serving processes, once forked (fanfs.serve.workers)
-
-    def ready() -> None:
-        log.info("serving %s at %s (pid %d, %s)", store.root, mountpoint, os.getpid(), fs.presentation.describe())
-        if ready_fd is not None:
-            _report(ready_fd, "ready")
-        if hooks.on_ready is not None:
-            hooks.on_ready()
-
-    def serving(forked: Any) -> None:
-        nonlocal processes
-        processes = forked
-        server.start()
-        if hooks.serving is not None:
-            hooks.serving()
-
-    def counters() -> Counters:
-        return {**store.stats.as_dict(), "lookups": fs.lookups, "listed": fs.listed, "reads_in_memory": fs.in_memory,
-                "reads_deferred": fs.deferred, "page_cache_answers": dict(ANSWERS),
-                **(hooks.counters() if hooks.counters else {})}
-
-    def stats(message: dict[str, Any]) -> dict[str, Any]:
-        parts = processes.counters() if processes is not None else [counters()]
-        summed = merge_counters(parts)
-        return {"store": store.root, **fs.presentation, "workers": options.workers, "readahead": fs.readahead(),
-                "reads_by_process": [part["reads"] for part in parts], **summed,
-                "notes": presentation_notes(store.index, fs.presentation), "side_names": side_names(store.index),
-                "layered": layered,
-                "seconds": round(time.monotonic() - started, 3),
-                **(hooks.extra_stats(summed) if hooks.extra_stats else {})}
-
-    def present(message: dict[str, Any]) -> dict[str, Any]:
-        settings = {k: v for k, v in message.items() if k != "cmd"}
-        unknown = set(settings) - set(Presentation.NAMES)
-        if unknown or not settings:
-            raise ValueError(f"a presentation sets {', '.join(Presentation.NAMES)}; got {sorted(settings)}")
-        answer = fs.set_presentation(fs.presentation.replace(**settings))
-        if hooks.on_present is not None:
-            hooks.on_present(fs.presentation)
-        return answer
-
-    fs = FanfsFS(store, options.presentation, ready)
+    answers = MountAnswers(store, mountpoint, options, hooks or Hooks(),
+                           (lambda: _report(ready_fd, "ready")) if ready_fd is not None else None)
+    fs = answers.fs = FanfsFS(store, options.presentation, answers.ready)
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
-    server = control.ControlServer(mountpoint, {
-        "status": lambda m: {"pid": os.getpid(), "store": store.root, "mountpoint": mountpoint,
-                             "workers": options.workers, "readahead": fs.readahead(), **fs.presentation},
-        "stats": stats,
-        "present": present,
-        **hooks.commands,
-    })
+    server = control.ControlServer(mountpoint, answers.handlers())
     try:
         ended_by = serve(store, mountpoint, fs, allow_other=options.allow_other, debug=options.debug,
-                         workers=options.workers, readahead=options.readahead, serving=serving, counters=counters)
+                         workers=options.workers, readahead=options.readahead,
+                         serving=lambda processes: answers.serving(processes, server.start), counters=answers.counters)
         if ended_by > 0:
             log.info("stopped by signal %d (%s)", ended_by, signal.Signals(ended_by).name)
     finally:

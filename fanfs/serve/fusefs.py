@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 import os
 import queue
 import threading
@@ -36,9 +35,9 @@ from ..records import FULL, Presentation, check_presentation, kinds
 from ..errors import WouldWait
 from ..store import Store
 from ..store.format import DIR, FILE
-from ..store.shared import SharedChunks
 from . import lowlevel as ll
 from . import splice
+from .shown import Shown
 from .workers import ServingProcesses
 
 log = logging.getLogger("fanfs")
@@ -60,36 +59,44 @@ More only queue on the interpreter lock: 2,000 cold 110 KB files from a disk, 4 
 def reply_extent(req: int, store: Store, entry: int, view: int, offset: int, size: int, wait: bool = True) -> None:
     """Answer a read of an extent from its copy's pages (spliced), or by the copy path where that cannot be.
     ``wait=False``: WouldWait unless the pages are verified and in memory (nothing then waits on a disk)."""
-    if not store.extents.serve(entry, offset, size, lambda fd, position, length: splice.reply_fd(req, fd, position, length),  # type: ignore[union-attr]
-                               wait):
+    located = store.extents.locate(entry, offset, size, wait)  # type: ignore[union-attr]
+    if located is None:
         ll.reply_spans(req, store.spans(entry, offset, size, view, wait))
+        return
+    failed = -1
+    try:
+        failed = splice.reply_fd(req, located.fd, located.position, located.length)
+    finally:
+        store.extents.served(located, failed == 0)  # type: ignore[union-attr]
+    if failed > 0:  # libfuse answered the request with the read's error: say so once, as a failed copy read is
+        store.extents.unreadable(located, os.strerror(failed))  # type: ignore[union-attr]
 
 
 class Deferred:
     """Worker threads that answer read requests the loop hands over (their bytes are not in memory: they wait on a
-    disk or a peer), replying to the kernel themselves; several disk reads are in flight at once."""
+    disk or a peer), replying to the kernel themselves; several disk reads are in flight at once.  ``answered``
+    counts the reads they answered."""
 
-    def __init__(self, store: Store, workers: int = WORKERS, splice: bool = False) -> None:
-        """``splice``: extents are answered from their copies' pages (the connection splices)."""
+    def __init__(self, store: Store, workers: int = WORKERS) -> None:
         self.store = store
-        self._extents = store.extents if splice else None
+        self.answered = 0
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._work, name="fanfs-read", daemon=True) for _ in range(workers)]
         for thread in self._threads:
             thread.start()
 
-    def submit(self, req: int, entry: int, view: int, offset: int, size: int) -> None:
-        self._jobs.put((req, self._read, entry, view, offset, size))
+    def submit(self, req: int, entry: int, view: int, offset: int, size: int, spliced: bool) -> None:
+        """Answer the read (``spliced``: an extent, answered from its copy's pages) from a worker thread."""
+        self._jobs.put((req, reply_extent if spliced else self._reply, self.store, entry, view, offset, size))
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            ll.answer(*job)
+            if ll.answer(*job):
+                self.answered += 1
 
-    def _read(self, req: int, entry: int, view: int, offset: int, size: int) -> None:
-        if self._extents is not None and self._extents.is_extent[entry]:
-            reply_extent(req, self.store, entry, view, offset, size)
-        else:
-            ll.reply_spans(req, self.store.spans(entry, offset, size, view))
+    @staticmethod
+    def _reply(req: int, store: Store, entry: int, view: int, offset: int, size: int) -> None:
+        ll.reply_spans(req, store.spans(entry, offset, size, view))
 
     def close(self) -> None:
         """Let every worker finish the read it holds (a peer's answer or its timeout) before the session
@@ -98,35 +105,6 @@ class Deferred:
             self._jobs.put(None)
         for thread in self._threads:
             thread.join()
-
-
-class Shown:
-    """What every serving process of a mount agrees on, in memory they share (``MAP_SHARED``, made before they
-    are forked): the presentation, with a generation that moves at each switch, and per name the view + 1
-    that the kernel was last told in a lookup (0: never looked up, or invalidated since).  A switch is
-    made by one process; the others see the new generation at their next lookup."""
-
-    def __init__(self, entries: int, presentation: Presentation) -> None:
-        fields = len(Presentation.NAMES)
-        self._memory = mmap.mmap(-1, 8 * (1 + fields) + 2 * entries)
-        self._settings = memoryview(self._memory)[:8 * (1 + fields)].cast("q")  # generation, then the values
-        self.named = np.frombuffer(self._memory, np.uint16, entries, offset=8 * (1 + fields))
-        self._seen, self._current = -1, presentation
-        self.set(presentation)
-
-    def current(self) -> Presentation:
-        settings = self._settings
-        generation = settings[0]
-        if generation != self._seen:
-            self._current = Presentation.from_values(settings[1:].tolist())
-            self._seen = generation
-        return self._current
-
-    def set(self, presentation: Presentation) -> None:
-        """The values first, then the generation: a process that sees the new generation sees the new values."""
-        for i, name in enumerate(Presentation.NAMES, 1):
-            self._settings[i] = presentation[name]
-        self._settings[0] += 1
 
 
 class FanfsFS:
@@ -160,8 +138,7 @@ class FanfsFS:
         self._spliced: memoryview | None = None  # per entry: whether its reads are spliced (once the kernel agreed)
         self.lookups = 0  # lookup requests answered, and names answered in listings with their attributes
         self.listed = 0
-        self.in_memory = 0  # reads answered in the loop (their bytes were in memory), and handed to worker threads
-        self.deferred = 0
+        self.in_memory = 0  # reads answered in the loop (their bytes were in memory); deferred: by worker threads
         totals = store.meta["totals"]
         self._statfs = ll.StatVfs(f_bsize=4096, f_frsize=4096, f_blocks=-(-totals["bytes_presented"] // 4096),
                                   f_files=totals["entries"], f_namemax=255)
@@ -203,7 +180,13 @@ class FanfsFS:
         self.session = session
         if session.splicing and self.store.extents is not None:
             self._spliced = self.store.extents.is_extent
+        self._shown.serve(True)
         self._on_ready()
+
+    @property
+    def shown(self) -> Shown:
+        """What the mount shows now, in memory in-process readers may map (its ``fd``)."""
+        return self._shown
 
     def readahead(self) -> int | None:
         """The kernel's readahead window in this mount's files, in bytes (None: not known)."""
@@ -239,9 +222,10 @@ class FanfsFS:
         entry, view = self._decode(ino)
         view = view or FULL
         store = self.store
+        spliced = self._spliced is not None and self._spliced[entry]
         if store.is_local(entry, view):
             try:
-                if self._spliced is not None and self._spliced[entry]:
+                if spliced:
                     reply_extent(req, store, entry, view, offset, size, wait=False)
                 else:
                     ll.reply_spans(req, store.spans(entry, offset, size, view, wait=False))
@@ -250,11 +234,16 @@ class FanfsFS:
             except WouldWait:
                 pass
         if self._deferred is None:
-            self._deferred = Deferred(store, splice=self._spliced is not None)
-        self.deferred += 1
-        self._deferred.submit(req, entry, view, offset, size)
+            self._deferred = Deferred(store)
+        self._deferred.submit(req, entry, view, offset, size, spliced)
+
+    @property
+    def deferred(self) -> int:
+        """Reads handed to worker threads and answered there."""
+        return self._deferred.answered if self._deferred is not None else 0
 
     def close(self) -> None:
+        self._shown.serve(False)  # in-process readers leave every open to the mount from now on
         self.store.stop_waiting()
         if self._deferred is not None:
             self._deferred.close()
@@ -356,7 +345,7 @@ def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = Fal
         if workers <= 1:
             serving(None)
             return session.loop()
-        store.stream.shared = SharedChunks(store.chunk_size)  # before the fork: each chunk loaded once by them
+        store.share_across_forks()
         processes = ServingProcesses(session, workers, counters, on_exit=fs.close)
         return processes.run(lambda: serving(processes))
     finally:

@@ -129,16 +129,19 @@ def reply_spans(req: int, spans: Sequence[tuple[bytes, int, int]]) -> None:
     _reply_iov(req, iov, len(spans))
 
 
-def answer(req: int, handler: Callable[..., None], *args: object) -> None:
+def answer(req: int, handler: Callable[..., None], *args: object) -> bool:
     """Run ``handler(req, *args)``, which replies to the request; whatever it raises (a failed reply too, any
-    BaseException) is answered with an error, so no request is left unanswered and no reader hangs."""
+    BaseException) is answered with an error, so no request is left unanswered and no reader hangs.  Whether the
+    handler answered it (False: the error)."""
     try:
         handler(req, *args)
+        return True
     except OSError as err:
         reply_err(req, err.errno or errno.EIO)
     except BaseException:
         log.exception("request failed")
         reply_err(req, errno.EIO)
+    return False
 
 
 class FileSystem(Protocol):

@@ -12,6 +12,7 @@ not to splice at all.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import logging
 import os
@@ -21,8 +22,12 @@ from .structs import BUF_FD_SEEK, BUF_IS_FD, FuseBufvec1, c_req
 
 log = logging.getLogger("fanfs")
 
-lib.fuse_reply_data.restype = ctypes.c_int
-lib.fuse_reply_data.argtypes = [c_req, ctypes.POINTER(FuseBufvec1), ctypes.c_int]
+_reply_data = ctypes.CFUNCTYPE(ctypes.c_int, c_req, ctypes.POINTER(FuseBufvec1), ctypes.c_int, use_errno=True)(
+    ("fuse_reply_data", lib))
+_PASSING = {0, errno.EAGAIN, errno.EINVAL, errno.EPERM, errno.EBUSY}
+"""What libfuse 3.14 leaves in errno when a splice it tried gave way to its copy path, which then sent the reply: a
+pipe it could not grow, a splice the kernel refused for this pair of files.  Anything else left there is the error of
+the read of the copy (EIO from the disk), which libfuse answered the request with itself."""
 _PIPE_EXTRA_PAGES = 3  # libfuse 3.14: one page per iovec (the header) and per buffer, and one more
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 SMALLEST = 128 << 10
@@ -58,12 +63,16 @@ def splice_size() -> tuple[int, str | None]:
     return size, None
 
 
-def reply_fd(req: int, fd: int, position: int, length: int) -> bool:
-    """Reply with ``length`` bytes at ``position`` of the file open at ``fd`` (spliced: see the module); whether the
-    reply was sent.  libfuse 3.14 answers a failure to read those bytes as an error itself, and returns 0 as for a
-    reply sent; a reply it could not send (the request interrupted, the mount gone) is a negative errno, logged."""
+def reply_fd(req: int, fd: int, position: int, length: int) -> int:
+    """Reply with ``length`` bytes at ``position`` of the file open at ``fd`` (spliced: see the module).  0: the reply
+    was sent.  An errno: the copy could not be read (libfuse 3.14 then answers the request with that error itself, and
+    returns 0 as for a reply sent: only errno tells).  Its negative: the reply could not be sent (the request
+    interrupted, the mount gone), logged here."""
     bufvec = FuseBufvec1(count=1, size=length, flags=BUF_IS_FD | BUF_FD_SEEK, fd=fd, pos=position)
-    failed = lib.fuse_reply_data(req, ctypes.byref(bufvec), 0)
+    ctypes.set_errno(0)
+    failed = _reply_data(req, ctypes.byref(bufvec), 0)
     if failed:
         log.warning("a spliced reply of %d bytes was not sent: %s", length, os.strerror(-failed))
-    return not failed
+        return -abs(failed)
+    code = ctypes.get_errno()
+    return 0 if code in _PASSING else code

@@ -50,12 +50,24 @@ class _Stream:
         self.fd, self.source, self.users = fd, source, 0
 
 
+class Located:
+    """Bytes of an extent located in a verified copy: ``length`` bytes at ``position`` of the file open at ``fd``."""
+
+    __slots__ = ("stream", "fd", "position", "length", "entry", "offset", "blobs")
+
+    def __init__(self, stream: _Stream, position: int, length: int, entry: int, offset: int, blobs: range) -> None:
+        self.stream, self.fd, self.position, self.length = stream, stream.fd, position, length
+        self.entry, self.offset, self.blobs = entry, offset, blobs
+
+
 class ExtentPlaces:
     """Locates verified extent bytes in the copies ``sources`` hold, for a store's index and stats."""
 
-    def __init__(self, index: Any, is_extent: np.ndarray, sources: Sequence[ShardSource], stats: Any, chunk_size: int) -> None:
-        """``is_extent``: a bool per entry (files of a kind read in place)."""
-        self._sources, self._stats, self._chunk = list(sources), stats, chunk_size
+    def __init__(self, index: Any, is_extent: np.ndarray, sources: Sequence[ShardSource], stats: Any, chunk_size: int,
+                 fault: Callable[[int, int, str], OSError]) -> None:
+        """``is_extent``: a bool per entry (files of a kind read in place); ``fault(entry, blob, why)``: the store's
+        count and log line of a blob that could not be read."""
+        self._sources, self._stats, self._chunk, self._fault = list(sources), stats, chunk_size, fault
         self._in_place = [isinstance(source, InPlace) for source in self._sources]
         self.is_extent = memoryview(is_extent)
         self._first, self._size, self._shard = memoryview(index.first), memoryview(index.size), memoryview(index.shard)
@@ -66,40 +78,44 @@ class ExtentPlaces:
         self._verified = memoryview(self._memory)  # per blob: 1 + the source it was checked in (0: not yet)
         self._streams: OrderedDict[int, _Stream] = OrderedDict()
         self._lock = threading.Lock()
-        # one per chunk number modulo VERIFY_LOCKS, shared with the serving processes forked after this: a chunk is
-        # verified once by one of them (and a bad one logged once), not once by each
-        self._verifying = [multiprocessing.get_context("fork").Lock() for _ in range(VERIFY_LOCKS)]
+        self._verifying: list[Any] | None = None  # a lock per chunk number modulo VERIFY_LOCKS, made at first use
+        self._verifying_shared = False
         self._buffers = threading.local()
         self.touched: memoryview | None = None  # per entry, the clock at its last read (Store.follow_reads)
         self.clock: Callable[[], int] = int
 
-    def serve(self, entry: int, offset: int, size: int, send: Callable[[int, int, int], bool], wait: bool = True) -> bool:
-        """Send bytes ``[offset, offset + size)`` of extent ``entry`` (cut at its end) from a verified copy this node
-        holds, with ``send(fd, position, length)`` (whether they were sent; counted then); False if they cannot be
-        located so (the caller reads them another way).  ``wait=False``: WouldWait unless every chunk was verified
-        there and every page is in memory (nothing then waits on a disk)."""
+    def locate(self, entry: int, offset: int, size: int, wait: bool = True) -> Located | None:
+        """Where bytes ``[offset, offset + size)`` of extent ``entry`` (cut at its end) lie in a copy this node holds,
+        each chunk verified there: a descriptor, position and length the caller reads or splices, and then hands back
+        to :meth:`served`.  None if they cannot be located so (the caller reads them another way: the copy path).
+        ``wait=False``: WouldWait unless every chunk was verified there and every page is in memory (nothing then
+        waits on a disk)."""
         if self.touched is not None:
             self.touched[entry] = self.clock()
         end = min(offset + size, self._size[entry])
         found = self._place(entry, offset, end, wait) if offset < end else None
         if found is None:
-            return False
+            return None
         stream, position, blobs = found
-        try:
-            sent = send(stream.fd, position, end - offset)
-        finally:
-            self._release(stream)
-        if sent:
-            chunk, first = self._chunk, self._first[entry]
-            served = self._sources[stream.source].served_in_place  # type: ignore[attr-defined]
-            for blob in blobs:
-                low = max(offset, (blob - first) * chunk)
-                served(blob, min(end, (blob - first + 1) * chunk) - low, low == (blob - first) * chunk)
-            stats = self._stats
-            stats.reads += 1
-            stats.bytes_presented += end - offset
-            stats.bytes_spliced += end - offset
-        return True
+        return Located(stream, position, end - offset, entry, offset, blobs)
+
+    def served(self, located: Located, sent: bool, spliced: bool = True) -> None:
+        """The caller is done with ``located`` (``sent``: its bytes reached the reader, and are counted; ``spliced``:
+        by the kernel, from the copy's pages, as a mount's reply; else read by the caller itself)."""
+        self._release(located.stream)
+        if not sent:
+            return
+        chunk, first, offset = self._chunk, self._first[located.entry], located.offset
+        end = offset + located.length
+        served = self._sources[located.stream.source].served_in_place  # type: ignore[attr-defined]
+        for blob in located.blobs:
+            low = max(offset, (blob - first) * chunk)
+            served(blob, min(end, (blob - first + 1) * chunk) - low, low == (blob - first) * chunk)
+        stats = self._stats
+        stats.reads += 1
+        stats.bytes_presented += located.length
+        if spliced:
+            stats.bytes_spliced += located.length
 
     def vouch(self, blob: int, source: int) -> None:
         """The blob's bytes where ``source`` keeps them were just read and checked (by the copy path)."""
@@ -107,7 +123,30 @@ class ExtentPlaces:
 
     def _place(self, entry: int, offset: int, end: int, wait: bool) -> tuple[_Stream, int, range] | None:
         """The stream and position of bytes ``[offset, end)`` in the first copy that holds them as one run, each chunk
-        verified there (now, where ``wait``), the stream marked in use; None: not so."""
+        verified there, the stream marked in use; None: not so."""
+        found = self._run(entry, offset, end)
+        if found is None:
+            return None
+        source, start, blobs = found
+        stream = self._stream(entry, source)
+        if stream is None:
+            return None
+        position = start + offset % self._chunk
+        try:
+            usable = self._checked(stream, start, blobs, wait) and self._covers(stream, position + end - offset)
+            if usable and not wait and not in_memory(stream.fd, position, end - offset):
+                raise WouldWait  # pages evicted since: the splice would read the disk
+        except BaseException:
+            self._release(stream)
+            raise
+        if not usable:
+            self._release(stream)
+            return None
+        return stream, position, blobs
+
+    def _run(self, entry: int, offset: int, end: int) -> tuple[int, int, range] | None:
+        """The source whose copy holds the chunks of bytes ``[offset, end)`` as one run, where that run begins, and the
+        chunks; None if no copy holds them so (a peer's, or pieces in several copies: the copy path reads them)."""
         chunk, first, shard = self._chunk, self._first[entry], self._shard[entry]
         blobs = range(first + offset // chunk, first + (end - 1) // chunk + 1)
         where = None
@@ -120,44 +159,51 @@ class ExtentPlaces:
                 where = (source, position - (blob - blobs[0]) * chunk)
             elif where != (source, position - (blob - blobs[0]) * chunk):
                 return None  # not one run in one copy: the copy path puts the pieces together
-        source, start = where
-        verified = self._verified
-        if not wait and any(verified[blob] != source + 1 for blob in blobs):
-            raise WouldWait  # a first read verifies, which reads the disk
-        stream = self._stream(entry, source)
-        if stream is None:
-            return None
-        position = start + offset % chunk
-        try:
-            usable = all(verified[blob] == source + 1 or self._verify(stream, blob, start + (blob - blobs[0]) * chunk)
-                         for blob in blobs) and self._covers(stream, blobs, position + end - offset)
-            if usable and not wait and not in_memory(stream.fd, position, end - offset):
-                raise WouldWait  # pages evicted since: the splice would read the disk
-        except BaseException:
-            self._release(stream)
-            raise
-        if not usable:
-            self._release(stream)
-            return None
-        return stream, position, blobs
+        return (*where, blobs) if where is not None else None
+
+    def _checked(self, stream: _Stream, start: int, blobs: range, wait: bool) -> bool:
+        """Whether every chunk of ``blobs`` was verified in the stream's copy (verified now where not yet: ``wait``
+        only, else WouldWait: a first verification reads the disk, and another process may have reset a chunk since
+        it was looked at)."""
+        verified, mark, chunk = self._verified, stream.source + 1, self._chunk
+        for blob in blobs:
+            if verified[blob] == mark:
+                continue
+            if not wait:
+                raise WouldWait
+            if not self._verify(stream, blob, start + (blob - blobs[0]) * chunk):
+                return False
+        return True
 
     def _release(self, stream: _Stream) -> None:
         with self._lock:
             stream.users -= 1
 
-    def _covers(self, stream: _Stream, blobs: range, end: int) -> bool:
+    def _covers(self, stream: _Stream, end: int) -> bool:
         """Whether the copy still holds the bytes up to ``end``: a copy cut after its chunks were verified would be
         spliced short, and the kernel takes a short reply for the file's end (it shrank the file for the rest of
-        the mount).  Its chunks are then verified again before they are spliced from it; the copy path reads them
-        meanwhile (another copy, or EIO and a log line)."""
+        the mount).  Every chunk verified in that copy is then verified again before it is spliced from it (a copy
+        cut may come back with other bytes, in any of its chunks); the copy path reads them meanwhile (another copy,
+        or EIO and a log line)."""
         try:
             if os.fstat(stream.fd).st_size >= end:
                 return True
         except OSError:
             pass
-        for blob in blobs:
-            self._verified[blob] = 0
+        self._forget(stream.source)  # every chunk verified in this copy: it may come back changed
         return False
+
+    def _forget(self, source: int) -> None:
+        """Every chunk verified in ``source``'s copy is to be verified again before it is served from there."""
+        verified = np.frombuffer(self._memory, np.uint8)
+        verified[verified == source + 1] = 0
+
+    def unreadable(self, located: Located, why: str) -> None:
+        """The copy's bytes could not be read for a reply (a disk error under a splice: the reader got the error):
+        said once, as the copy path says a failed read, and every chunk of that copy verified again before it is
+        served from there (the copy path then finds another copy, or answers EIO)."""
+        self._forget(located.stream.source)
+        self._fault(located.entry, located.blobs[0], f"{self._sources[located.stream.source].name}: {why}")
 
     def _where(self, blob: int, shard: int) -> tuple[int, int] | None:
         """The first source that may hold the blob, and where it keeps it (None: that source cannot say)."""
@@ -173,10 +219,21 @@ class ExtentPlaces:
             return None if place is None else (i, place)
         return None
 
+    def share_across_forks(self) -> None:
+        """Before a mount forks its serving processes: the verification locks shared with them, so that a chunk is
+        verified once by one of them (and a bad one logged once), not once by each.  (A reader in one process, such
+        as an in-process fast path, makes cheap locks of its own at its first verification instead.)"""
+        self._verifying = [multiprocessing.get_context("fork").Lock() for _ in range(VERIFY_LOCKS)]
+        self._verifying_shared = True
+
     def _verify(self, stream: _Stream, blob: int, position: int) -> bool:
         """Read the blob's bytes in this copy once and check them; the page cache then holds them for the splice.
         (The kernel's read-ahead asks for neighbouring parts of one chunk at once: one thread reads it, the others wait.)"""
-        with self._verifying[blob % len(self._verifying)]:
+        locks = self._verifying
+        if locks is None:
+            with self._lock:
+                locks = self._verifying = self._verifying or [threading.Lock() for _ in range(VERIFY_LOCKS)]
+        with locks[blob % VERIFY_LOCKS]:
             return self._verified[blob] == stream.source + 1 or self._check(stream, blob, position)
 
     def _check(self, stream: _Stream, blob: int, position: int) -> bool:
@@ -234,6 +291,8 @@ class ExtentPlaces:
     def after_fork(self) -> None:
         """In a forked serving process: descriptors and read-ahead state of its own (the parent's are closed here)."""
         self._lock = threading.Lock()
+        if not self._verifying_shared:
+            self._verifying = None  # another thread of the parent may have held one at the fork
         for stream in self._streams.values():
             os.close(stream.fd)
         self._streams.clear()

@@ -27,6 +27,7 @@ from ..errors import StoreError
 from ..util.checksum import checksum  # noqa: F401  (re-exported: the store's checksum)
 from ..util.deadline import Deadline, Stalled, close_within, deadline_for, within
 from ..util.files import open_regular
+from .trust import sealed_memory
 
 FORMAT_VERSION = 5
 """The newest index format this fanfs writes: 5 when it holds extents, 4 when files share blobs (hard links), 3 when a
@@ -131,28 +132,30 @@ def write_index(path: str, meta: Mapping[str, Any], columns: Mapping[str, np.nda
     return size
 
 
-def read_index(path: str, data: mmap.mmap | bytes | bytearray | None = None
-               ) -> tuple[dict[str, Any], dict[str, np.ndarray], int, int, str | None]:
+def read_index(path: str, data: mmap.mmap | bytes | bytearray | None = None, checked: bool = False
+               ) -> tuple[dict[str, Any], dict[str, np.ndarray], int, int, str | None, mmap.mmap | bytes | bytearray]:
     """Read an index into memory of this process's own (:func:`read_index_file`), verify its checksum and version, and
     return (meta, read-only columns, its size, its checksum, the file's identity: see :mod:`.trust`; None for ``data``
-    or a file written to meanwhile).
+    or a file written to meanwhile; the memory the columns are views of).
 
     The columns are views of a private copy, never a mapping of the file: what was verified is what is served,
     whatever happens to the file afterwards (rewritten in place, or cut short by ``cp`` or ``rsync --inplace``
     over the store: a shared mapping served another file's bytes, or died of SIGBUS).  ``data``: the index file's
-    bytes already in memory (broadcast to the nodes of a job): the columns are views of it, no copy.
+    bytes already in memory (broadcast to the nodes of a job): the columns are views of it, no copy; ``checked``: bytes
+    whose checksum was verified already and that nobody can have changed since (a mount's sealed memory, handed to an
+    in-process reader), so not read whole again.
     """
     read_from = None
     if data is None:
         data, read_from = read_index_file(path)
     view = memoryview(data)
-    json_len, digest = _check_index(path, len(data), lambda length, offset: view[offset:offset + length])
-    return (*_parse_index(data, json_len), digest, read_from)
+    json_len, digest = _check_index(path, len(data), lambda length, offset: view[offset:offset + length], not checked)
+    return (*_parse_index(data, json_len), digest, read_from, data)
 
 
 def read_index_file(path: str) -> tuple[mmap.mmap | bytes, str | None]:
-    """The index file's bytes in anonymous memory (the serving processes forked later share it), and the file's
-    identity (:mod:`.trust`; None if it was written to while it was read).  On a network file system each step is
+    """The index file's bytes in sealed memory (the serving processes forked later and in-process readers share it),
+    and the file's identity (:mod:`.trust`; None if it was written to while it was read).  On a network file system each step is
     waited on for ``--store-timeout`` at most (:mod:`fanfs.util.deadline`): a stalled one is Stalled, not a hang."""
     from .trust import file_identity
     reads = deadline_for(os.path.dirname(path) or ".")
@@ -174,24 +177,27 @@ def read_index_file(path: str) -> tuple[mmap.mmap | bytes, str | None]:
 
 
 def _read_private(fd: int, path: str, reads: Deadline | None) -> mmap.mmap | bytes:
-    """The whole file at ``fd`` in anonymous memory, each block waited on for ``reads``' time (a short read: the file
-    was cut meanwhile, refused)."""
+    """The whole file at ``fd`` in sealed memory of this process's (:mod:`.sealed`), each block waited on for ``reads``'
+    time (a short read: the file was cut meanwhile, refused)."""
     size = within(reads, path, os.fstat, fd).st_size
     if not size:
         return b""
-    memory = mmap.mmap(-1, size)
-    view = memoryview(memory)
-    pos = 0
-    while pos < size:
-        got = within(reads, path, os.preadv, fd, [view[pos:min(size, pos + _BLOCK)]], pos)
-        if got <= 0:
-            raise StoreError(f"{path}: index is truncated ({pos} of {size} bytes): it changed while it was read")
-        pos += got
-    return memory
+
+    def fill(view: memoryview) -> None:
+        pos = 0
+        while pos < size:
+            got = within(reads, path, os.preadv, fd, [view[pos:min(size, pos + _BLOCK)]], pos)
+            if got <= 0:
+                raise StoreError(f"{path}: index is truncated ({pos} of {size} bytes): it changed while it was read")
+            pos += got
+
+    return sealed_memory(size, fill)
 
 
-def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memoryview]) -> tuple[int, int]:
-    """Verify an index's head and checksum through ``pread(length, offset)``; returns its JSON length and checksum."""
+def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memoryview],
+                 whole: bool = True) -> tuple[int, int]:
+    """Verify an index's head and checksum through ``pread(length, offset)`` (``whole=False``: its head only); returns
+    its JSON length and checksum."""
     if size < _INDEX_HEAD.size + 8:
         raise StoreError(f"{path}: index is truncated ({size} bytes)")
     magic, version, _, json_len = _INDEX_HEAD.unpack(bytes(pread(_INDEX_HEAD.size, 0)))
@@ -203,13 +209,15 @@ def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memor
                          "repack the source with this fanfs")
     digest = xxhash.xxh3_64()
     pos, end = 0, size - 8
+    (expected,) = struct.unpack("<Q", bytes(pread(8, end)))
+    if not whole:
+        return json_len, expected
     while pos < end:
         block = pread(min(1 << 20, end - pos), pos)
         if not block:
             break
         digest.update(block)
         pos += len(block)
-    (expected,) = struct.unpack("<Q", bytes(pread(8, end)))
     if pos != end or digest.intdigest() != expected:
         raise StoreError(f"{path}: index checksum mismatch: the index is corrupt or truncated; "
                          "copy the store again or repack")

@@ -39,19 +39,21 @@ class Index:
     """Read-only view of an index file; attribute columns are public numpy arrays."""
 
     def __init__(self, path: str, data: bytes | bytearray | mmap.mmap | None = None, *, validated: bool = False,
-                 file_id: str | None = None) -> None:
+                 file_id: str | None = None, checked: bool = False) -> None:
         """``data``: the file's bytes already in memory (broadcast to a job's nodes) instead of reading ``path``.
 
         The whole index is validated here (:mod:`fanfs.store.validate`): an Index that exists is safe to
         serve from, and a crafted one is refused with one line naming what is wrong.  Not again for a
         file this user validated on this node and that has not changed since (:mod:`.trust`), nor for
         ``data`` the caller says is ``validated`` (bytes its own process or its job's rank 0 validated).
-        ``file_id``: for ``data`` read whole from the index file, that file's identity (:mod:`.trust`).
+        ``file_id``: for ``data`` read whole from the index file, that file's identity (:mod:`.trust`).  ``checked``:
+        ``data`` whose checksum was verified and that nobody can have changed since (:func:`.format.read_index`).
         """
-        self.meta, columns, self.nbytes, digest, read_from = read_index(path, data)
+        self.meta, columns, self.nbytes, digest, read_from, memory = read_index(path, data, checked)
         self.digest = digest  # the index file's checksum, which measurements saved with the store are bound to
         file_id = file_id or read_from
         self.data = data  # the bytes it was given (a job's rank hands them to its daemon), else None
+        self.memory = memory  # the bytes the columns are views of (sealed memory when read from the file)
         check_schema(columns)
         for name, column in columns.items():
             setattr(self, name, column)

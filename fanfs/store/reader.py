@@ -18,20 +18,21 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..codecs import Codec, CodecError, codec_from_config
 from ..errors import DataError, FanfsError, NotHeld, StoreError, WouldWait
-from ..records import FULL, SIDE_LAYER, SIDE_LAYERS, Presentation, RecordKind, kind_table, kinds
+from ..records import FULL, Presentation, RecordKind, kind_table, kinds
 from ..records.base import Span
-from .shared import ReportTimes
 from ..util.deadline import deadline_for, within
 from .stream import BlobCache, StreamChunks
 from .extents import ExtentPlaces
 from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, checksum, shard_name
 from .index import Index
+from .shared import ReportTimes, SharedChunks
+from .resident import InMemory, Tally, join
+from .stats import Stats
 from .sources import InPlace, LocalShards, ReadsInMemory, ReadsRuns, ShardSource, check_shard_files
 
 log = logging.getLogger("fanfs")
@@ -41,34 +42,6 @@ KEEP_OPEN = 256
 read, so that a store of thousands of shards does not take that many descriptors at once)."""
 REPORT_EVERY = 60.0
 """Seconds before the same failing blob is logged again (the kernel retries a failed read at once)."""
-
-
-@dataclass
-class Stats:
-    """What a store served; ``fanfs stats`` shows it."""
-
-    reads: int = 0
-    bytes_presented: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    decode_seconds: float = 0.0
-    errors: int = 0
-    bytes_spliced: int = 0  # presented from a copy's pages by the kernel (extents), never through this process
-    bytes_verified: int = 0  # of those copies, read here once to be checked before they were first spliced
-    stored_by_layer: list[int] = field(default_factory=lambda: [0] * (SIDE_LAYER + SIDE_LAYERS))  # += on a list is cheap
-    by_source: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        layers, side = self.stored_by_layer[:SIDE_LAYER], self.stored_by_layer[SIDE_LAYER:]
-        used = max((i + 1 for i, stored in enumerate(layers) if stored), default=0)
-        used_side = max((i + 1 for i, stored in enumerate(side) if stored), default=0)
-        return {"reads": self.reads, "bytes_presented": self.bytes_presented,
-                "bytes_stored_read": sum(self.stored_by_layer), "stored_by_layer": layers[:used],
-                "stored_by_side_layer": side[:used_side],
-                "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
-                "decode_seconds": round(self.decode_seconds, 6), "errors": self.errors,
-                "bytes_spliced": self.bytes_spliced, "bytes_verified": self.bytes_verified,
-                "by_source": dict(self.by_source)}
 
 
 class Store:
@@ -116,13 +89,13 @@ class Store:
         self._run_sources = [source for source in self.sources if isinstance(source, ReadsRuns)]
         self._runs = bool(self._run_sources)
         self._in_place = [isinstance(source, InPlace) for source in self.sources]
-        self._ahead = threading.local()
+        self._ahead = threading.local()  # per thread: ``blobs``, a peer's run (above), and ``in_memory`` (InMemory)
         # per source, how to read a blob only if it is in memory (None: it cannot say; a read that must not wait
         # then leaves it to a thread that may), for reads made with ``wait=False`` (a serving loop's)
         self._resident = [source.read_resident if isinstance(source, ReadsInMemory) else None
                           for source in self.sources]
         in_place = np.isin(ix.record, [kind.kind_id for kind in kinds().values() if kind.in_place]) & (ix.type == FILE)
-        self.extents = ExtentPlaces(ix, in_place, self.sources, self.stats, self.chunk_size) if in_place.any() else None
+        self.extents = ExtentPlaces(ix, in_place, self.sources, self.stats, self.chunk_size, self.fault) if in_place.any() else None
         self.touched: memoryview | None = None  # per entry, the clock at its last read (see follow_reads)
         self.clock: Callable[[], int] = int
         _OPEN.add(self)
@@ -178,18 +151,17 @@ class Store:
 
     # --- data -----------------------------------------------------------------------------------
 
-    def _fetch(self, entry: int, blob: int, layer: int) -> bytes:
-        """Verified stored bytes of a blob from the first source that has a good copy."""
+    def _fetch(self, entry: int, blob: int, layer: int, tally: Stats | Tally, wait: bool) -> bytes:
+        """Verified stored bytes of a blob from the first source that has a good copy (``wait=False``: only from one
+        that has it in memory, else WouldWait), counted in ``tally``."""
         if self._runs and (ahead := getattr(self._ahead, "blobs", None)) and (got := ahead.pop(blob, None)):
             data, name = got
-            self.stats.stored_by_layer[min(layer, SIDE_LAYER + SIDE_LAYERS - 1)] += len(data)
-            self.stats.by_source[name] = self.stats.by_source.get(name, 0) + len(data)
+            tally.stored(layer, name, len(data))
             return data
         shard = self._shard[entry]
         offset, length = self._offset[blob], self._stored[blob]
         expected = self._checksum[blob]
         problems = []
-        wait = getattr(self._ahead, "wait", True)
         for i, source in enumerate(self.sources):
             try:
                 if wait:
@@ -204,8 +176,7 @@ class Store:
                 problems.append(f"{source.name}: {err}")
                 continue
             if len(data) == length and checksum(data) == expected:
-                self.stats.stored_by_layer[min(layer, SIDE_LAYER + SIDE_LAYERS - 1)] += length
-                self.stats.by_source[source.name] = self.stats.by_source.get(source.name, 0) + length
+                tally.stored(layer, source.name, length)
                 if self.extents is not None and self._in_place[i] and source.holds_in_place(blob):  # type: ignore[attr-defined]
                     self.extents.vouch(blob, i)  # these very bytes lie where an extent's read will splice them from
                 if problems and self._first_report(blob):
@@ -262,28 +233,33 @@ class Store:
         of a large file: kept, if at all, only among the last few (``stream.STREAM_CACHE``), whose memory the next
         ones reuse, each loaded once by the threads and serving processes that want it (:mod:`.stream`).
         """
+        return self.load_blob(entry, blob, layer, keep, stream, self.stats, wait=True)
+
+    def load_blob(self, entry: int, blob: int, layer: int, keep: bool, stream: bool, tally: Stats | Tally,
+                  wait: bool) -> bytes:
+        """:meth:`blob`, counted in ``tally``; ``wait=False``: WouldWait unless it is in memory (:class:`InMemory`)."""
         cache = self.stream.cache if stream else self.cache
-        data = cache.get(blob)
-        if data is not None:
-            self.stats.cache_hits += 1
-            return data
+        if keep or stream:  # a blob one read covers whole is never kept: nothing to look up
+            data = cache.get(blob)
+            if data is not None:
+                tally.cache_hits += 1
+                return data
         if stream:
             share = self._stored[blob] not in (0, self._raw[blob])  # a chunk to decode: see fanfs.store.shared
-            return self.stream.load(blob, keep, lambda: self._load(entry, blob, layer), self.stats, share,
-                                    getattr(self._ahead, "wait", True))
-        self.stats.cache_misses += 1
-        data = self._load(entry, blob, layer)
+            return self.stream.load(blob, keep, lambda: self._load(entry, blob, layer, tally, wait), tally, share, wait)
+        data = self._load(entry, blob, layer, tally, wait)
+        tally.cache_misses += 1
         if keep:
             cache.put(blob, data)
         return data
 
-    def _load(self, entry: int, blob: int, layer: int) -> bytes:
+    def _load(self, entry: int, blob: int, layer: int, tally: Stats | Tally, wait: bool) -> bytes:
         """A blob's bytes from its sources, verified and decoded (no cache)."""
         raw_size = self._raw[blob]
         stored_size = self._stored[blob]
         if stored_size == 0:
             return bytes(raw_size)  # a hole of a sparse file
-        stored = self._fetch(entry, blob, layer)
+        stored = self._fetch(entry, blob, layer, tally, wait)
         if stored_size == raw_size:
             data = stored
         else:
@@ -299,11 +275,7 @@ class Store:
 
     def read(self, entry: int, offset: int, size: int, view: int = FULL) -> bytes:
         """Bytes ``[offset, offset+size)`` of a file as presented at ``view``."""
-        spans = self.spans(entry, offset, size, view)
-        if len(spans) == 1:
-            data, start, length = spans[0]
-            return data[start:start + length]
-        return b"".join(data[start:start + length] for data, start, length in spans)
+        return join(self.spans(entry, offset, size, view))
 
     def spans(self, entry: int, offset: int, size: int, view: int = FULL, wait: bool = True) -> list[Span]:
         """The same bytes as :meth:`read`, as pieces ``data[start:start + length]`` left unsliced: a FUSE reply is
@@ -312,23 +284,52 @@ class Store:
         read, which must never wait on a disk: it hands the read to a thread then)."""
         kind = self._kinds[self._record[entry]]
         here = self._ahead
-        if self._runs and wait and not self.is_local(entry, view):
-            first, count = kind.blob_run(self.index, entry, view, offset, size)
-            if count > 1:
-                here.blobs = self._fetch_run(first, count)
-        here.wait = wait
         if self.touched is not None:
             self.touched[entry] = self.clock()
-        try:
-            spans = kind.spans(self, entry, view, offset, size)
-        finally:
-            here.wait = True
-            if self._runs:
+        if not wait:
+            reader = getattr(here, "in_memory", None)
+            if reader is None:
+                reader = here.in_memory = InMemory(self)
+            try:
+                spans = kind.spans(reader, entry, view, offset, size)
+            except BaseException:
+                reader.tally.discard()
+                raise
+            reader.tally.commit(self.stats)
+        elif self._runs and not self.is_local(entry, view):
+            first, count = kind.blob_run(self.index, entry, view, offset, size)
+            here.blobs = self._fetch_run(first, count) if count > 1 else None
+            try:
+                spans = kind.spans(self, entry, view, offset, size)
+            finally:
                 here.blobs = None
+        else:
+            spans = kind.spans(self, entry, view, offset, size)
         self.stats.reads += 1
         for span in spans:
             self.stats.bytes_presented += span[2]
         return spans
+
+    def readinto(self, entry: int, offset: int, buffer: memoryview, view: int = FULL) -> int:
+        """Bytes of a file as presented at ``view`` from ``offset`` into ``buffer`` (as many as it holds, up to the
+        file's end); how many.  An extent's are read from the node's verified copy straight into ``buffer``, no copy
+        in this process (:meth:`.extents.ExtentPlaces.locate`); any other file's are its spans', copied once."""
+        extents = self.extents
+        if extents is not None and extents.is_extent[entry]:
+            located = extents.locate(entry, offset, len(buffer))
+            if located is not None:
+                got = -1
+                try:
+                    got = os.preadv(located.fd, [buffer[:located.length]], located.position)
+                finally:
+                    extents.served(located, got == located.length, spliced=False)
+                if got == located.length:
+                    return got  # else the copy was cut since it was located: the copy path says what there is
+        pos = 0
+        for data, start, length in self.spans(entry, offset, len(buffer), view):
+            buffer[pos:pos + length] = memoryview(data)[start:start + length]
+            pos += length
+        return pos
 
     def read_file(self, path: str | bytes, view: int = FULL) -> bytes:
         """Whole file by path (convenience for tools and tests)."""
@@ -336,6 +337,13 @@ class Store:
         if self._type[entry] != FILE:
             raise IsADirectoryError(errno.EISDIR, "not a file", os.fsdecode(path))
         return self.read(entry, 0, self.size_at(entry, view), view)
+
+    def share_across_forks(self) -> None:
+        """Before a mount forks its serving processes: each chunk of a large file loaded (:mod:`.shared`) and each
+        extent's chunk verified (:mod:`.extents`) once by them, not once by each."""
+        self.stream.shared = SharedChunks(self.chunk_size)
+        if self.extents is not None:
+            self.extents.share_across_forks()
 
     def after_fork(self) -> None:
         """In a forked child (a DataLoader worker of a process that opened the store): renew the locks another

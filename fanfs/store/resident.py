@@ -20,6 +20,10 @@ behind it); anything else goes to threads that may wait, several at once.  Two q
 
   Where none can say, the answer is False: the caller then hands the read to a thread, or reads the range ahead.
   :data:`ANSWERS` counts which way answered (``fanfs stats`` shows it).
+
+A record kind reads a file through a reader (:class:`fanfs.records.base.Reader`): for a read that must not wait, that
+is :class:`InMemory`, the store's blobs but WouldWait for any that is not in memory, counted only once the whole read
+is done (:class:`Tally`).
 """
 
 from __future__ import annotations
@@ -29,9 +33,13 @@ import errno
 import mmap
 import os
 import threading
+from typing import Any
 
 from ..errors import WouldWait
+from ..records import FULL
+from ..records.base import Span
 from ..util.cbytes import BYTES_DATA, IoVec, new_bytes
+from .stats import Stats
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _preadv2 = _libc.preadv2
@@ -220,3 +228,59 @@ def _probe(fd: int, offset: int, length: int) -> bool | None:
             return False
         offset += step
     return True
+
+
+class Tally:
+    """What one read that must not wait did, added to the store's :class:`Stats` only once the whole read was answered:
+    a read the serving loop gives up on (WouldWait: a blob not in memory) is made again by a thread, and counted
+    there, once, by what it did."""
+
+    __slots__ = ("cache_hits", "cache_misses", "_stored")
+
+    def __init__(self) -> None:
+        self.cache_hits = self.cache_misses = 0
+        self._stored: list[tuple[int, str, int]] = []
+
+    def stored(self, layer: int, source: str, length: int) -> None:
+        self._stored.append((layer, source, length))
+
+    def commit(self, stats: Stats) -> None:
+        """Add what the read did to ``stats``, and start over for the next read."""
+        stats.cache_hits += self.cache_hits
+        stats.cache_misses += self.cache_misses
+        for layer, source, length in self._stored:
+            stats.stored(layer, source, length)
+        self.discard()
+
+    def discard(self) -> None:
+        self.cache_hits = self.cache_misses = 0
+        self._stored.clear()
+
+
+class InMemory:
+    """The store as a record kind reads it for a read that must not wait (a serving loop's): the same blobs, verified
+    and decoded, but :class:`~fanfs.errors.WouldWait` for any blob that is not in memory (a cache, the page cache),
+    and counted only once the read is done (:class:`Tally`).  One per thread: :meth:`Store.spans` makes it."""
+
+    def __init__(self, store: Any) -> None:
+        """``store``: the :class:`~fanfs.store.Store` it reads."""
+        self._store = store
+        self.index, self.chunk_size, self.cache = store.index, store.chunk_size, store.cache
+        self.tally = Tally()
+
+    def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True, stream: bool = False) -> bytes:
+        return self._store.load_blob(entry, blob, layer, keep, stream, self.tally, wait=False)
+
+    def read(self, entry: int, offset: int, size: int, view: int = FULL) -> bytes:
+        return join(self._store.kind(entry).spans(self, entry, view, offset, size))
+
+    def fault(self, entry: int, blob: int, why: str) -> OSError:
+        return self._store.fault(entry, blob, why)
+
+
+def join(spans: list[Span]) -> bytes:
+    """The bytes of ``spans`` as one bytes object (no copy for a span that is a whole bytes object)."""
+    if len(spans) == 1:
+        data, start, length = spans[0]
+        return data if start == 0 and length == len(data) and type(data) is bytes else data[start:start + length]
+    return b"".join(data[start:start + length] for data, start, length in spans)

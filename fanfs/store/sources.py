@@ -163,7 +163,7 @@ class LocalShards(ShardSource):
     def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
         if self.deadline is not None:
             return self.deadline.run(self.path(shard), self._pread, shard, length, offset)
-        return self._pread(shard, length, offset)
+        return os.pread(self._fds.get(shard) or self._fd(shard), length, offset)
 
     def _pread(self, shard: int, length: int, offset: int) -> bytes:
         return os.pread(self._fd(shard), length, offset)

@@ -5,7 +5,8 @@ held while the test says so; a loop device over it and an ext4 mounted from that
     slow_disk.py IMAGE MOUNTPOINT CONTROL_DIR
 
 Serves IMAGE as MOUNTPOINT/disk, read-only.  While CONTROL_DIR/slow exists, each read request is held, unanswered,
-and counted in CONTROL_DIR/held (how many are held now); once the file is gone they are all answered.  Prints
+and counted in CONTROL_DIR/held (how many are held now); once the file is gone they are all answered.  While
+CONTROL_DIR/bad exists, each read fails with EIO: a disk whose sectors cannot be read.  Prints
 ``ready`` once it serves.  Built on fanfs's own libfuse binding (fanfs.serve.lowlevel).
 """
 
@@ -54,6 +55,9 @@ class SlowDisk:
         ll.reply_err(req, errno.EINVAL)
 
     def read(self, req: int, ino: int, offset: int, length: int) -> None:
+        if os.path.exists(os.path.join(control, "bad")):
+            ll.reply_err(req, errno.EIO)
+            return
         with lock:
             if os.path.exists(os.path.join(control, "slow")):
                 held.append((req, offset, length))

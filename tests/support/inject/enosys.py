@@ -13,8 +13,8 @@ import errno
 import os
 
 CALLS = {  # name -> number, by architecture
-    "x86_64": {"cachestat": 451, "mincore": 27, "preadv2": 327},
-    "aarch64": {"cachestat": 451, "mincore": 232, "preadv2": 286},
+    "x86_64": {"cachestat": 451, "mincore": 27, "preadv2": 327, "pidfd_open": 434},
+    "aarch64": {"cachestat": 451, "mincore": 232, "preadv2": 286, "pidfd_open": 434},
 }
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2

@@ -9,8 +9,8 @@ import numpy as np
 from ..codecs import codec_from_config
 from ..records import kind_named, kinds
 from ..util.units import human_size
-from .format import FILE
-from .reader import Store
+from ..store.format import FILE
+from ..store.reader import Store
 
 
 def store_info(store: Store) -> dict[str, Any]:

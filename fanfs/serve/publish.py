@@ -1,0 +1,47 @@
+"""What a mount hands an in-process reader of its files (``fanfs run``): enough to read the same store in the reader's
+own process, as the mount reads it, with no request per file.
+
+Asked once per reader process over the control socket (whose both ends check the other is the same user), the
+"view" answer says which store and how this node reads it (its *recipe*: the store's own shards, or a job node's
+staged copy, lazy cache and peers), and passes two descriptors: the index the mount validated, in sealed memory
+(:mod:`fanfs.store.sealed`: one copy per node, which nobody can change), and the shown memory
+(:mod:`.shown`: whether the mount serves, and the presentation it shows now).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..store import Store
+from ..store.trust import SealedMemory, sealed_copy
+from .control import FDS, Handler
+from .shown import Shown
+
+STORE_RECIPE = {"kind": "store"}
+"""A mount of a store's own shards."""
+
+
+def view_handler(store: Store, shown: Callable[[], Shown], mountpoint: str,
+                 recipe: Callable[[], dict[str, Any]] | None = None) -> Handler:
+    """The control socket's "view" request of the mount of ``store`` at ``mountpoint``; ``recipe()``: how a reader
+    builds this node's store (default: the store's own shards)."""
+    lock = threading.Lock()
+    memory: list[SealedMemory] = []
+
+    def index_fd() -> int:
+        index = store.index
+        if isinstance(index.memory, SealedMemory):
+            return index.memory.fd
+        with lock:  # an index broadcast to a job's nodes came as bytes: sealed once, at the first reader's request
+            if not memory:
+                memory.append(sealed_copy(index.memory))
+        return memory[0].fd
+
+    def view(message: dict[str, Any]) -> dict[str, Any]:
+        return {"store": store.root, "store_id": store.meta["store_id"], "mountpoint": mountpoint,
+                "index_bytes": len(store.index.memory), "recipe": recipe() if recipe is not None else STORE_RECIPE,
+                FDS: [index_fd(), shown().fd]}
+
+    return view

@@ -1,0 +1,40 @@
+"""What a store served: ``fanfs stats`` shows it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..records import SIDE_LAYER, SIDE_LAYERS
+
+
+@dataclass
+class Stats:
+    """What a store served; ``fanfs stats`` shows it."""
+
+    reads: int = 0
+    bytes_presented: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    decode_seconds: float = 0.0
+    errors: int = 0
+    bytes_spliced: int = 0  # presented from a copy's pages by the kernel (extents), never through this process
+    bytes_verified: int = 0  # of those copies, read here once to be checked before they were first spliced
+    stored_by_layer: list[int] = field(default_factory=lambda: [0] * (SIDE_LAYER + SIDE_LAYERS))  # += on a list is cheap
+    by_source: dict[str, int] = field(default_factory=dict)
+
+    def stored(self, layer: int, source: str, length: int) -> None:
+        """``length`` stored bytes of ``layer`` were read from ``source`` (a verified copy)."""
+        self.stored_by_layer[min(layer, SIDE_LAYER + SIDE_LAYERS - 1)] += length
+        self.by_source[source] = self.by_source.get(source, 0) + length
+
+    def as_dict(self) -> dict:
+        layers, side = self.stored_by_layer[:SIDE_LAYER], self.stored_by_layer[SIDE_LAYER:]
+        used = max((i + 1 for i, stored in enumerate(layers) if stored), default=0)
+        used_side = max((i + 1 for i, stored in enumerate(side) if stored), default=0)
+        return {"reads": self.reads, "bytes_presented": self.bytes_presented,
+                "bytes_stored_read": sum(self.stored_by_layer), "stored_by_layer": layers[:used],
+                "stored_by_side_layer": side[:used_side],
+                "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
+                "decode_seconds": round(self.decode_seconds, 6), "errors": self.errors,
+                "bytes_spliced": self.bytes_spliced, "bytes_verified": self.bytes_verified,
+                "by_source": dict(self.by_source)}
