@@ -4,14 +4,16 @@ reached only through their registry.
 
 Layers, lowest first (a module may import its own layer's package and any lower layer):
 errors/util -> codecs -> records -> store -> ingest -> pack | tune -> serve | peers -> cache -> cluster | train
--> cli | fsspec.
+-> inproc -> cli | fsspec.
 pack and tune are siblings (neither imports the other); so are serve (the mount) and peers (the MPI world,
 placement and the peer protocol); cache (a node's staging, lazy fill, capacity, prefetch and local cache file)
 uses peers and sits below cluster (what starts and runs a job), which uses them all and serve;
 train (the PyTorch side, which talks to a mount) is a sibling of cluster.  fsspec (the in-process
 front, the only importer of the fsspec package) sits on top, beside cli: on a cluster node it reads
 the node's view, staged shards and peers, through the peers' authenticated client, as the node's mount
-does; neither it nor cli imports the other.
+does; neither it nor cli imports the other.  inproc (the in-process fast path of ``fanfs run``: a mount's files opened
+in the reader's own process, from what the mount hands over, a job node's peers included) sits below cli, whose
+``fanfs run`` sets it up for the processes it starts.
 Every import counts, those inside functions too.
 """
 
@@ -27,7 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "fanfs"
 RANK = {"base": 0, "codecs": 1, "records": 2, "store": 3, "ingest": 4, "pack": 5, "tune": 5, "serve": 6, "peers": 6,
-        "cache": 7, "cluster": 8, "train": 8, "cli": 9, "fsspec": 9}
+        "cache": 7, "cluster": 8, "train": 8, "inproc": 9, "cli": 10, "fsspec": 10}
 GROUP = {"fanfs": "base", "errors": "base", "util": "base", "__main__": "cli"}  # modules that belong to a layer
 MAX_LINES = 400
 

@@ -38,7 +38,7 @@ model weights and arrays (.npy, safetensors) at a chosen precision:
 def build_parser() -> "argparse.ArgumentParser":
     import argparse
 
-    from . import inspect, job, pack, serve
+    from . import inspect, job, pack, run, serve
     from .args import Parser
     parser = Parser(prog="fanfs", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"fanfs {__version__}")
@@ -53,6 +53,7 @@ def build_parser() -> "argparse.ArgumentParser":
     serve.add_commands(command)
     inspect.add_commands(command)
     job.add_commands(command)
+    run.add_commands(command)
     return parser
 
 

@@ -53,6 +53,18 @@ def fanfs_mounts_of(store: str | os.PathLike) -> list[str]:
     return found
 
 
+def fanfs_mounts() -> list[str]:
+    """The mount points of every fanfs mount this process sees (any user's: the caller asks each whose it is), from
+    /proc/self/mountinfo, never looked at themselves."""
+    found = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split(b" ")
+            if fields[fields.index(b"-") + 1] == b"fuse.fanfs":
+                found.append(os.fsdecode(_unescape(fields[4])))
+    return found
+
+
 def _unescape(field: bytes) -> bytes:
     return _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8)]), field)
 

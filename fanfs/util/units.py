@@ -1,4 +1,4 @@
-"""Human-readable sizes and rates, both ways (``256M`` on the command line, ``1.3 GiB`` in reports)."""
+"""Human-readable sizes, rates and counts, both ways (``256M`` on the command line, ``1.3 GiB`` in reports)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ def human_size(n: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``counted(1, "file")`` -> ``"1 file"``, ``counted(2000, "file")`` -> ``"2,000 files"`` (``plural``: if not
+    the noun and an s)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {plural or noun + 's'}"
 
 
 def human_rate(bytes_per_second: float) -> str:

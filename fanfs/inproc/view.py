@@ -1,0 +1,126 @@
+"""A mount as an in-process reader sees it: the mount's own store, opened once in this process from what the mount
+hands over (:mod:`fanfs.serve.publish`), what it shows now, and whether it still serves.
+
+Opened at the first open of a file under the mount, with one request to its control socket: the index comes as the
+mount's sealed memory (mapped here, never copied, never checksummed again: the seals say nobody changed it since the
+mount validated it), the presentation as the mount's shown memory (read at every open: a ``fanfs ctl`` switch reaches
+the next open), and the *recipe* of this node's store: the store's own shards, or a job node's staged copy, lazy cache
+and peers, as the node's mount reads them.  A forked child keeps all of it (the store renews its locks).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import select
+import threading
+import time
+
+from ..cluster.nodeview import node_reader
+from ..errors import FanfsError
+from ..records import Presentation
+from ..serve.control import request_with_fds
+from ..serve.shown import HEADER, ShownView
+from ..store import Store
+from ..store.format import FILE, INDEX_NAME
+from ..store.index import Index
+from ..store.trust import is_sealed
+
+CACHE_SIZE = 16 << 20
+"""Decoded blobs a reader process keeps (a file read whole keeps none: its bytes are the file object's)."""
+ASK_TIMEOUT = 30.0
+"""Seconds the first open under a mount waits for its daemon's answer (the daemon answers in milliseconds)."""
+PROBE = 0.001
+"""Seconds between two looks at whether the daemon lives (a mount that ends cleanly says so at once, in its shown
+memory; one whose daemon was killed is known ended within this long)."""
+
+
+class MountGone(FanfsError):
+    """The mount no longer serves (unmounted, its daemon ended): every open is the mount's to answer."""
+
+
+class MountView:
+    """The mount at ``mountpoint`` (a real path), as this process reads it."""
+
+    FILE = FILE
+
+    def __init__(self, mountpoint: str) -> None:
+        answer, fds, pid = request_with_fds(mountpoint, {"cmd": "view"}, ASK_TIMEOUT, max_fds=2)
+        try:
+            if len(fds) != 2 or not is_sealed(fds[0]):
+                raise FanfsError(f"the daemon of {mountpoint} did not hand over its sealed index")
+            index_memory = mmap.mmap(fds[0], int(answer["index_bytes"]), mmap.MAP_SHARED, mmap.PROT_READ)
+            self.shown = ShownView(mmap.mmap(fds[1], HEADER, mmap.MAP_SHARED, mmap.PROT_READ))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.mountpoint = mountpoint
+        root = str(answer["store"])
+        index = Index(os.path.join(root, INDEX_NAME), data=index_memory, validated=True, checked=True)
+        recipe = answer["recipe"]
+        if recipe.get("kind") == "node":
+            self.store = node_reader(recipe["facts"], bytes.fromhex(recipe["key"]), index, CACHE_SIZE, mountpoint).store
+        else:
+            self.store = Store(root, cache_size=CACHE_SIZE, index=index, check_shards=False)
+        self._daemon = _Liveness(pid)
+        self._probed = 0.0  # when the daemon was last seen alive
+        self._lock = threading.Lock()
+        self.files = self.bytes = self.to_mount = 0  # opened here, their bytes, and opens left to the mount
+
+    def serving(self) -> bool:
+        """Whether the mount serves now: its shown memory says so, and its daemon lived :data:`PROBE` ago."""
+        if not self.shown.serving:
+            return False
+        now = time.monotonic()
+        if now - self._probed < PROBE:
+            return True
+        if not self._daemon.alive():
+            return False
+        self._probed = now
+        return True
+
+    def view_of(self, entry: int) -> int:
+        """The view the mount presents ``entry`` at now (FULL for the whole file)."""
+        presentation: Presentation = self.shown.current()
+        return self.store.view(entry, presentation)
+
+    def count(self, files: int, size: int, to_mount: int) -> None:
+        with self._lock:
+            self.files += files
+            self.bytes += size
+            self.to_mount += to_mount
+
+    def after_fork(self) -> None:
+        """In a forked child: counts of its own, from zero, and a lock of its own."""
+        self._lock = threading.Lock()
+        self.files = self.bytes = self.to_mount = 0
+
+    def take_counts(self) -> dict[str, int]:
+        """What this process read here since it last said (and zero from now on)."""
+        with self._lock:
+            counts = {"files": self.files, "bytes": self.bytes, "to_mount": self.to_mount}
+            self.files = self.bytes = self.to_mount = 0
+        return counts
+
+
+class _Liveness:
+    """Whether the daemon (``pid``, as the kernel named it to this process) lives: a pidfd, where the kernel has them
+    (Linux 5.3+: a zombie counts as ended, and a pid used again is not mistaken), else ``kill(pid, 0)``."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        try:
+            self._fd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # Linux before 5.3 (RHEL 8), or a seccomp policy
+            self._fd = None
+
+    def alive(self) -> bool:
+        if self._fd is not None:
+            return not select.select([self._fd], [], [], 0)[0]  # readable once it ended (any thread may ask)
+        try:
+            os.kill(self._pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
