@@ -109,8 +109,8 @@ class Extents(PlainFiles):
         if planned:
             return False, f"the plan's {saves}"
         required = required_decode(self.rate, self.workers, overhead=OVERHEAD, stored=stored)
-        raw_read = (f"within {OVERHEAD:.0%} of its time read raw at {human_rate(self.rate)} by {self.workers} serving "
-                    f"process{'es' * (self.workers > 1)} (--large-rate, --large-workers)")
+        raw_read = (f"within {OVERHEAD:.0%} of its time read raw at {human_rate(self.rate)} by "
+                    f"{_processes(self.workers)} (--large-rate, --large-workers)")
         if codec.decode_rate < required:
             return True, (f"{saves}; to be served {raw_read} it would have to decode at {human_rate(required)} a "
                           f"process ({codec.codec_id}: {human_rate(codec.decode_rate)})")
@@ -140,9 +140,7 @@ class Extents(PlainFiles):
         chosen = described.get("chosen_for")
         if not chosen:
             return ""
-        workers = chosen["large_workers"]
-        return (f" (chosen for reads at {human_rate(chosen['large_rate'])} by {workers} serving "
-                f"process{'es' * (workers > 1)})")
+        return f" (chosen for reads at {human_rate(chosen['large_rate'])} by {_processes(chosen['large_workers'])})"
 
     def check(self, index: Columns, entries: np.ndarray) -> str | None:
         problem = super().check(index, entries)
@@ -210,6 +208,9 @@ def _furthest(ends: np.ndarray, shards: np.ndarray, sizes: np.ndarray) -> np.nda
     lift = np.concatenate([[0], np.cumsum(sizes.astype(np.int64) + 1)[:-1]])[shards]
     return np.maximum.accumulate(ends + lift) - lift
 
+
+def _processes(count: int) -> str:
+    return f"{count} serving process{'es' * (count != 1)}"
 
 
 def _count(text: str) -> int:
