@@ -21,6 +21,7 @@ from support.nobody import RUN_AS_NOBODY
 from fanfs.errors import FanfsError
 from fanfs.store import Store
 from fanfs.train import ShardShuffleSampler, shard_aware_order
+from fanfs.util.units import human_size
 
 FILES = 120
 
@@ -186,3 +187,32 @@ def test_the_shard_aware_sampler_visits_every_file_once_an_epoch_and_tells_the_m
         assert sorted(halves[0] + halves[1]) == list(range(FILES))  # two ranks: each file once between them
     with pytest.raises(FanfsError, match="mount point"):
         ShardShuffleSampler(paths, mountpoint=None)
+
+
+def test_the_shard_aware_sampler_s_window_is_what_the_mount_s_read_ahead_budget_holds(many_shards, mount, caplog):
+    """Issue 49: the window was 4 shards whatever they held, said to fit the default budget for shards of up to
+    128 MiB, where pack's shards are 256 MiB (four: 1 GiB against 512 MiB).  Now it is the most of the dataset's
+    shards that the mount's budget holds, largest first; a larger window is taken with a warning."""
+    src, store, names = many_shards
+    s = Store(str(store), check_shards=False)
+    sizes = np.sort(s.index.shard_size.astype(np.int64))[::-1]
+    s.close()
+    budget = int(sizes[:3].sum()) + 100  # three of the largest shards, not four
+    with mount(store, "--prefetch", str(budget)) as mnt:
+        paths = [str(mnt / name) for name in names]
+        sampler = ShardShuffleSampler(paths, mountpoint=mnt, seed=1)
+        assert (sampler.window, sampler.budget) == (3, budget) and not caplog.records
+        assert sampler.sampler.window == 3  # the order's
+        assert sorted(sampler) == list(range(FILES))
+        sampler = ShardShuffleSampler(paths, window=10, mountpoint=mnt)
+        assert sampler.window == 10 and sampler.sampler.window == 10
+        [warning] = [r.getMessage() for r in caplog.records]
+        assert f"a window of 10 shards holds up to {human_size(sizes[:10].sum())} of {mnt}, beyond its read-ahead " \
+            f"budget of {human_size(budget)} (3 fit)" in warning
+    with mount(store) as mnt:  # the default budget, 512 MiB, holds the whole store
+        assert ShardShuffleSampler([str(mnt / name) for name in names], mountpoint=mnt).window == sizes.size
+    caplog.clear()
+    with mount(store, "--prefetch", "0") as mnt:  # nothing read ahead: a window of one shard, and no word of it
+        assert ShardShuffleSampler([str(mnt / name) for name in names], window=1, mountpoint=mnt).budget == 0
+        assert ShardShuffleSampler([str(mnt / name) for name in names], mountpoint=mnt).window == 1
+        assert not any("window" in r.getMessage() for r in caplog.records)

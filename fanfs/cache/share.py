@@ -129,7 +129,8 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
 class CacheHooks:
     """What a mount adds for its cache (the serving daemon's, never an in-process reader's): its read-ahead of a known
     order (a lazily staged node's prefetcher into its cache, else the page cache's, within ``budget`` bytes;
-    :mod:`.follow`), given an order by the control command ``order`` and the presentation shown as it is switched;
+    :mod:`.follow`), given an order by the control command ``order`` (``read_ahead`` says the budget) and the
+    presentation shown as it is switched;
     and, for a node (``node``), the figures of its share for ``fanfs stats`` and a lazy cache's counters."""
 
     def __init__(self, store: Store, presentation: Presentation, mountpoint: str, budget: int,
@@ -141,8 +142,10 @@ class CacheHooks:
         elif budget > 0:
             self.follower = PageCacheAhead(store, presentation, budget)
         follow = self.follower.order if self.follower is not None else _no_budget
+        budget = self.follower.budget if self.follower is not None else 0
         self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-            "order": order_command(follow, store.index, mountpoint, self.follower.how if self.follower else "")}
+            "order": order_command(follow, store.index, mountpoint, self.follower.how if self.follower else ""),
+            "read_ahead": lambda message: {"budget": budget}}  # what a shard-aware sampler's window must fit
 
     def stats(self, counters: dict[str, Any]) -> dict[str, Any]:
         out = self.share.stats(counters) if self.share is not None else {}

@@ -67,10 +67,12 @@ def cmd_pack(args: argparse.Namespace) -> int:
         print(f"{kind.name}: {records:,} {kind.label}, {len(kept):,} {kind.fallback}")
         if args.quiet:
             continue  # their count only
-        for path, reason in kept[:20]:
-            print(f"  {kind.kept_as(reason)}: {path}: {reason}")
-        if len(kept) > 20:
-            print(f"  ... and {len(kept) - 20} more")
+        listed = [(kind.adopted_as, path, why) for name, path, why in report.adopted if name == kind.name]
+        listed += [(kind.kept_as(reason), path, reason) for path, reason in kept]
+        for became, path, why in listed[:20]:
+            print(f"  {became}: {path}: {why}")
+        if len(listed) > 20:
+            print(f"  ... and {len(listed) - 20} more")
     if report.shards_by_rank:
         print(f"shards packed by {len(report.shards_by_rank)} ranks: "
               + ", ".join(f"rank {rank} {n:,}" for rank, n in enumerate(report.shards_by_rank)))

@@ -10,12 +10,12 @@ import below.
 """
 
 from . import zstd, lz4, raw, planes  # noqa: F401  (each registers its codec; --codec lists them in this order)
-from .base import (MIN_SAVING, Codec, CodecError, codec_forms, codec_from_config, decode_speed, pays, parse_codec,
+from .base import (MIN_SAVING, Codec, CodecError, codec_forms, codec_from_config, pays, parse_codec, rate_kept_up,
                    register, required_decode)
 from .lz4 import Lz4
 from .planes import BytePlanes
 from .raw import Raw
 from .zstd import Zstd
 
-__all__ = ["MIN_SAVING", "pays", "decode_speed", "required_decode", "Codec", "CodecError", "codec_forms",
+__all__ = ["MIN_SAVING", "pays", "required_decode", "rate_kept_up", "Codec", "CodecError", "codec_forms",
            "codec_from_config", "parse_codec", "register", "Raw", "Zstd", "Lz4", "BytePlanes"]

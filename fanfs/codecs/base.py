@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -22,27 +22,30 @@ def pays(codec: "Codec", data: bytes) -> bytes | None:
 
 
 def required_decode(rate: float | None, threads: int, mode: str = "sync", overhead: float = 0.05,
-                    headroom: float = 0.20) -> float:
+                    headroom: float = 0.20, stored: float = 1.0) -> float:
     """The per-thread decode speed (bytes/s) a codec needs so that reading at ``rate`` bytes/s keeps up (FanStore's
-    constraint; 0 without a rate).  ``sync``: decoding adds to every read, and may add at most ``overhead`` of its
-    time (``threads`` decoding at once); ``async``: decoding overlaps the reads and must outrun them by
-    ``headroom``."""
-    if not rate:
-        return 0.0
+    constraint; 0 without a rate): ``rate`` times :func:`_decode_per_byte_read`."""
+    return rate * _decode_per_byte_read(threads, mode, overhead, headroom, stored) if rate else 0.0
+
+
+def rate_kept_up(decode: float, threads: int, mode: str = "sync", overhead: float = 0.05, headroom: float = 0.20,
+                 stored: float = 1.0) -> float:
+    """The highest read rate (bytes/s) a per-thread decode speed ``decode`` keeps up with: the inverse of
+    :func:`required_decode`."""
+    return decode / _decode_per_byte_read(threads, mode, overhead, headroom, stored)
+
+
+def _decode_per_byte_read(threads: int, mode: str, overhead: float, headroom: float, stored: float) -> float:
+    """FanStore's constraint, the one formula of both above: the bytes/s each of ``threads`` decoding at once must
+    decode per byte/s read.  ``sync``: a read waits for its decode; reading the ``stored`` fraction of a file's bytes
+    (1: reading them costs as much as reading the file raw) and decoding it whole may take at most ``1 + overhead``
+    times reading it raw at the rate R: stored/R + 1/(threads D) <= (1 + overhead)/R.  With ``stored`` 1 that is
+    the decode adding at most ``overhead`` to the read; a file compressed 57x is read in 1/57 of the time and leaves
+    nearly all of it to its decode.  ``async``: decoding overlaps the reads and must outrun them by ``headroom``."""
     if mode == "sync":
-        return rate / (threads * overhead)
-    return rate * (1 + headroom) / threads
-
-
-def decode_speed(codec: "Codec", packed: bytes, size: int, seconds: float = 0.002) -> float:
-    """Bytes/s ``codec`` decodes ``packed`` (``size`` bytes decoded) at in this thread: its fastest of the runs in
-    ``seconds`` (three at least), what it can do, not what a busy machine's preemption of one run left of it."""
-    best, runs, started = float("inf"), 0, time.perf_counter()
-    while runs < 3 or time.perf_counter() - started < seconds:
-        began = time.perf_counter()
-        codec.decode(packed, size)
-        best, runs = min(best, time.perf_counter() - began), runs + 1
-    return size / max(best, 1e-9)
+        spare = 1 + overhead - stored
+        return 1 / (threads * spare) if spare > 0 else math.inf
+    return (1 + headroom) / threads
 
 
 class CodecError(UsageError):
@@ -55,6 +58,9 @@ class Codec:
     codec_id: ClassVar[str]
     option_forms: ClassVar[tuple[str, ...]] = ()
     """How ``--codec`` names it (none: fanfs alone chooses it, as float records choose ``planes``)."""
+    decode_rate: ClassVar[float] = 0.0
+    """Bytes/s of decoded output one process is counted on to decode at (``pack --extents auto``): one figure, the
+    same on every host and rank, so that a store never depends on where it was packed (0: none counted on)."""
 
     def encode(self, data: bytes) -> bytes:
         raise NotImplementedError

@@ -14,6 +14,7 @@ from .base import Codec, CodecError, register
 class Lz4(Codec):
     codec_id = "lz4"
     option_forms = ("lz4", "lz4:LEVEL (1-12)")
+    decode_rate = 2e9  # measured 1.0-3.1 GB/s at levels 0 and 9 on 1 MiB chunks that it compresses (zstd's: 1e9)
 
     def __init__(self, level: int = 0) -> None:
         if not isinstance(level, int) or not 0 <= level <= 12:

@@ -15,6 +15,7 @@ from .base import Codec, CodecError, register
 class Zstd(Codec):
     codec_id = "zstd"
     option_forms = ("zstd", "zstd:LEVEL (1-22)")
+    decode_rate = 1e9  # measured 0.7-1.3 GB/s at levels 1 to 19, 1 MiB chunks of floats, integers, CSV, JSON and text
 
     def __init__(self, level: int = 3, dictionary: bytes | None = None, dict_name: str | None = None) -> None:
         if not isinstance(level, int) or not 1 <= level <= 22:

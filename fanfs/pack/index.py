@@ -25,7 +25,7 @@ _FILE_COLUMNS = ("record", "layers", "codec", "size", "checksum", "count", "firs
 
 def write_store_index(tmp: str, tree: Tree, ingest: Ingest, opts: Any, store_id: bytes, codecs: list[Codec],
                       results: list[ShardResult]) -> dict[str, Any]:
-    """Write ``tmp/index``; returns what the pack reports (totals, records, fallbacks)."""
+    """Write ``tmp/index``; returns what the pack reports (totals, records, fallbacks, adopted)."""
     n = len(tree.paths)
     cols = new_columns(ENTRY_COLUMNS, n)
     for key in ("parent", "type", "mode", "mtime", "size", "first", "count"):  # what the tree holds
@@ -38,6 +38,7 @@ def write_store_index(tmp: str, tree: Tree, ingest: Ingest, opts: Any, store_id:
     base = 0
     stats: dict[int, list[int]] = {}
     fallbacks: list[tuple[str, str, str]] = []
+    adopted: list[tuple[str, str, str]] = []
     for result in results:
         f = result.files
         entries = tree.entry_of[f["entry"]]
@@ -49,6 +50,7 @@ def write_store_index(tmp: str, tree: Tree, ingest: Ingest, opts: Any, store_id:
             blob_parts.setdefault(key, []).append(column)
         base += result.blobs["blob_raw"].size
         fallbacks += result.fallbacks
+        adopted += result.adopted
         for codec, (files, raw, stored) in result.stored_by_codec.items():
             acc = stats.setdefault(codec, [0, 0, 0])
             acc[0] += files
@@ -92,5 +94,5 @@ def write_store_index(tmp: str, tree: Tree, ingest: Ingest, opts: Any, store_id:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise NoSpace(tmp) from None
         raise
-    return {"totals": meta["totals"], "fallbacks": fallbacks,
+    return {"totals": meta["totals"], "fallbacks": fallbacks, "adopted": adopted,
             "records": {k: v["files"] for k, v in records.items()}}

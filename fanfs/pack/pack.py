@@ -65,6 +65,7 @@ class PackReport:
     fallbacks: list[tuple[str, str, str]]  # (kind, path, reason) of files kept as plain files
     skipped: int
     seconds: float
+    adopted: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, path, why) of plain files it adopted
     hard_links: int = 0
     shards_by_rank: list[int] | None = None  # under mpiexec/srun: shards each rank packed
 
@@ -256,4 +257,4 @@ def _report(summary: dict[str, Any], tree: Tree, ingest: Ingest, started: float)
     totals = summary["totals"]
     return PackReport("", totals["files"], totals["dirs"], totals["symlinks"], totals["bytes_in"],
                       totals["bytes_stored"], totals["shards"], summary["records"], summary["fallbacks"],
-                      ingest.skipped, time.monotonic() - started, len(tree.links))
+                      ingest.skipped, time.monotonic() - started, summary["adopted"], len(tree.links))

@@ -114,6 +114,7 @@ class ShardResult:
     files: dict[str, np.ndarray]
     blobs: dict[str, np.ndarray]
     fallbacks: list[tuple[str, str, str]]  # (kind, path, reason) of files a kind refused
+    adopted: list[tuple[str, str, str]]  # (kind, path, why) of plain files a kind adopted, saying why
     stored_by_codec: dict[int, list[int]] = field(default_factory=dict)  # codec -> [files, raw, stored]
 
 
@@ -206,6 +207,7 @@ def pack_shard(job: ShardJob) -> ShardResult:
     columns: dict[str, list[int]] = {k: [] for k in ("entry", "record", "layers", "first", "count", "codec",
                                                      "size", "checksum")}
     fallbacks: list[tuple[str, str, str]] = []
+    adopted: list[tuple[str, str, str]] = []
     by_codec: dict[int, list[int]] = {}
     try:
         for entry, ref, name in job.files:
@@ -216,7 +218,7 @@ def pack_shard(job: ShardJob) -> ShardResult:
                 else:
                     codec = job.raw_codec
                 if kind is _PLAIN:
-                    kind, packed, codec = _adopted(job, source, packed, codec, name, fallbacks)
+                    kind, packed, codec = _adopted(job, source, packed, codec, name, fallbacks, adopted)
                 first, count = _written(name, lambda: writer.add(packed, job.codecs[codec] if packed.compress else None))
                 if isinstance(ref, OnDisk):
                     _unchanged(ref, source, name)
@@ -235,19 +237,22 @@ def pack_shard(job: ShardJob) -> ShardResult:
         writer.abort()
         raise
     files = {k: np.array(v, np.uint64 if k == "checksum" else np.int64) for k, v in columns.items()}
-    return ShardResult(job.shard, size, digest, files, writer.blob_columns(), fallbacks, by_codec)
+    return ShardResult(job.shard, size, digest, files, writer.blob_columns(), fallbacks, adopted, by_codec)
 
 
 def _adopted(job: ShardJob, source: SourceFile, packed: Packed, codec: int, name: str,
-             fallbacks: list[tuple[str, str, str]]) -> tuple[RecordKind, Packed, int]:
+             fallbacks: list[tuple[str, str, str]],
+             adopted: list[tuple[str, str, str]]) -> tuple[RecordKind, Packed, int]:
     """A plain file as the first kind that adopts it once its codec is known (an extent: its bytes stored raw, laid
-    out to be read in place); why a kind did not is reported as that kind's fallback."""
+    out to be read in place); why a kind did is reported in ``adopted``, why it did not as that kind's fallback."""
     for kind in job.kinds:
         try:
-            why = kind.adopts(source, job.codecs[codec], codec == job.raw_codec, job.plan is not None)
+            adopts, why = kind.adopts(source, job.codecs[codec], codec == job.raw_codec, job.plan is not None)
         except OSError as err:
             raise PackError(f"cannot read {name}: {err.strerror or err}") from None
-        if why is None:
+        if adopts:
+            if why:
+                adopted.append((kind.name, name, why))
             return kind, kind.adopt(packed), job.raw_codec
         if why and not (fallbacks and fallbacks[-1][1] == name):  # a file another kind let go is listed once, there
             fallbacks.append((kind.name, name, why))

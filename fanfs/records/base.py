@@ -110,6 +110,7 @@ class RecordKind:
     setting_unit: ClassVar[int] = 1  # values of the setting are multiples of this
     since_format: ClassVar[int] = 1  # the first store format that may hold this kind
     fallback: ClassVar[str] = "kept as plain files"  # what pack and info call the files this kind let go
+    adopted_as: ClassVar[str] = "adopted"  # what pack's list calls a file this kind adopted, saying why (:meth:`adopts`)
     in_place: ClassVar[bool] = False  # a file is one run of its shard, read where it lies (spliced by the mount)
 
     def setting_range(self, index: Columns, entries: np.ndarray) -> tuple[int, int]:
@@ -244,11 +245,11 @@ class RecordKind:
         """Cut the file into layers, or give the reason it cannot be stored this way."""
         raise NotImplementedError
 
-    def adopts(self, source: SourceFile, codec: Any, raw: bool, planned: bool) -> str | None:
+    def adopts(self, source: SourceFile, codec: Any, raw: bool, planned: bool) -> tuple[bool, str]:
         """For a file no kind claimed by its head, to be stored as a plain file with ``codec`` (``raw``: one that stores
-        bytes as they are; ``planned``: chosen by a selection plan, which weighed its decode speed already): None if this
-        kind stores it instead (:meth:`adopt`), else why not ("": nothing to say)."""
-        return ""
+        bytes as they are; ``planned``: chosen by a selection plan, which weighed its decode speed already): whether
+        this kind stores it instead (:meth:`adopt`), and why or why not, for pack's list ("": nothing to say)."""
+        return False, ""
 
     def adopt(self, packed: Packed) -> Packed:
         """A plain file's packed chunks, laid out as this kind stores them (after :meth:`adopts` said so)."""

@@ -5,11 +5,15 @@ Byte X of the file is byte ``base + X`` of the shard (``base``: its first blob's
 splices them: :mod:`fanfs.serve.splice`) instead of being copied through the daemon.  Its blobs are still
 1 MiB chunks, each with its checksum: the unit in which a reader verifies bytes before it first serves them.
 
-Pack stores a file this way where compressing it does not pay (:meth:`Extents.adopts`: the plan's codec is raw, the
-codec saves less than 1/16 of a sample of it, or decoding it would slow the reads the training needs: FanStore's
-constraint, the codec must decode fast enough to add at most 5% to reading at ``--large-rate`` with the mount's
-serving processes); a file with holes, or smaller than :data:`EXTENT_MIN`, stays a plain (chunked) file.  The index validator refuses an extent that is not
-back to back, not aligned, or overlaps any other blob of its shard (:func:`overlaps`).
+Pack stores a file this way where compressing it does not pay (:meth:`Extents.adopts`): the plan's codec is raw, the
+codec saves less than 1/16 of a sample of it, or serving it compressed would be slower than serving it raw.  That is
+FanStore's constraint counted in the time to serve the file (:func:`fanfs.codecs.required_decode`): reading its
+compressed bytes and decoding them may take at most 5% longer than reading it raw at ``--large-rate``, with
+``--large-workers`` serving processes decoding at once, each at the codec's
+:attr:`~fanfs.codecs.Codec.decode_rate`.  Every figure is given or fanfs's own, never measured on the packing host,
+so a tree packs the same on any host and by any ranks.  A file with holes, or smaller than :data:`EXTENT_MIN`, stays
+a plain (chunked) file.  The index validator refuses an extent that is not back to back, not aligned, or overlaps any
+other blob of its shard (:func:`overlaps`).
 """
 
 from __future__ import annotations
@@ -19,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs import Codec, decode_speed, pays, required_decode
-from ..util.server import default_workers
+from ..codecs import Codec, Lz4, Zstd, pays, required_decode
 from ..util.source_file import SourceFile
 from ..util.units import human_rate, parse_rate
 from .base import AddOption, Columns, Packed, RecordKind, blob_shards, expand, register
@@ -32,7 +35,9 @@ EXTENT_MIN = 256 << 10
 """Smaller files stay plain: one read covers them whole, and a reply that small is copied by libfuse anyway."""
 FORMAT = 5
 LARGE_RATE = 1e9
-"""The bytes/s a training reads large files at, by default (``pack --large-rate``): a node's SSD to one reader."""
+"""The bytes/s a large file's copy is read at raw, by default (``pack --large-rate``): a node's SSD to one reader."""
+OVERHEAD = 0.05
+"""How much longer than reading it raw a large file may take to serve compressed (read, then decoded)."""
 HOLES = "it has holes, stored as nothing"
 """Why a file with holes stays chunked (any other reason: its codec compresses it)."""
 
@@ -46,55 +51,71 @@ class Extents(PlainFiles):
     label = "extents"
     since_format = FORMAT
     fallback = "large files kept chunked"
+    adopted_as = "stored raw"
     in_place = True
 
-    def __init__(self, mode: str = "auto", rate: float = LARGE_RATE, threads: int = 1) -> None:
-        """``mode``: "auto" (by the constraint below), "always" (every large file without holes); ``rate``: the bytes/s
-        the training reads large files at; ``threads``: the mount's serving processes, decoding at once."""
-        self.mode, self.rate = mode, rate
-        self.required = required_decode(rate, threads)  # a chunk's codec must decode this fast to stay compressed
+    def __init__(self, mode: str = "auto", rate: float = LARGE_RATE, workers: int = 1) -> None:
+        """``mode``: "auto" (by the constraint above), "always" (every large file without holes); ``rate``: the bytes/s
+        a large file is read at raw; ``workers``: the mounts' serving processes, decoding at once."""
+        self.mode, self.rate, self.workers = mode, rate, workers
 
     @classmethod
     def pack_options(cls, add: AddOption) -> None:
         add("--extents", choices=("auto", "always", "never"), default="auto",
             help="large files (256 KiB and more, no holes) stored raw as extents, spliced by the kernel: 'auto' (the "
-                 "default) where compressing them does not pay or decoding would slow their reads (see "
+                 "default) where compressing them does not pay or serving them compressed would be slower (see "
                  "--large-rate), 'always', or 'never' (every file chunked and compressed)")
         add("--no-extents", dest="extents", action="store_const", const="never", help="the same as --extents never")
         add("--large-rate", type=parse_rate, default=LARGE_RATE, metavar="RATE",
-            help=f"the rate the training reads large files at (default {LARGE_RATE / 1e9:g}GB/s): with --extents auto "
-                 "a large file stays compressed only if its codec decodes it fast enough to add at most 5%% to reading "
-                 "it at that rate with the mount's serving processes (FanStore's constraint, as 'fanfs select --mode "
-                 "sync'); else it is stored raw as an extent")
+            help=f"the rate a large file is read at from the node's disk (default {LARGE_RATE / 1e9:g}GB/s): with "
+                 f"--extents auto a large file stays compressed only if reading its compressed bytes and decoding "
+                 f"them takes at most {OVERHEAD:.0%}% longer than reading it raw at that rate (FanStore's constraint); "
+                 "else it is stored raw as an extent")
+        add("--large-workers", type=_count, default=1, metavar="N",
+            help="the serving processes that decode large files at once on the mounts that will read the store "
+                 "(their --workers; default 1, which every mount has): with --extents auto each is counted on to "
+                 f"decode at its codec's figure (zstd {Zstd.decode_rate / 1e9:g}GB/s, lz4 {Lz4.decode_rate / 1e9:g}"
+                 "GB/s), so what is stored raw depends on these figures and the files' bytes, never on the host "
+                 "that packs")
 
     @classmethod
     def for_pack(cls, options: Mapping[str, Any], plan_record: Mapping[str, Any] | None) -> RecordKind | None:
         mode = options.get("extents") or "auto"
-        return None if mode == "never" else cls(mode, options.get("large_rate") or LARGE_RATE, default_workers())
+        if mode == "never":
+            return None
+        return cls(mode, options.get("large_rate") or LARGE_RATE, options.get("large_workers") or 1)
 
-    def adopts(self, source: SourceFile, codec: Codec, raw: bool, planned: bool) -> str | None:
-        """None if the file is to be stored as an extent; else why it stays chunked ("" for a file too small to
-        say why).  ``codec``: the file's codec (``raw``: it stores bytes as they are; ``planned``: a selection plan
-        chose it, weighing its decode speed against the training's demand already: it is kept if it saves)."""
+    def pack_config(self) -> dict[str, Any] | None:
+        """What the choice of extents was made for, recorded in the index (``fanfs info`` says it)."""
+        return {"mode": self.mode, "large_rate": self.rate, "large_workers": self.workers}
+
+    def adopts(self, source: SourceFile, codec: Codec, raw: bool, planned: bool) -> tuple[bool, str]:
+        """Whether the file is to be stored as an extent, and why (:class:`RecordKind`'s): ``codec``, the file's codec
+        (``raw``: it stores bytes as they are; ``planned``: a selection plan chose it, weighing its decode speed
+        against the training's demand already: it is kept if it saves)."""
         size = source.size
         if size < EXTENT_MIN:
-            return ""
+            return False, ""
         if any(source.data_from(pos) >= min(size, pos + CHUNK_SIZE) for pos in range(0, size, CHUNK_SIZE)):
-            return HOLES
+            return False, HOLES
         if raw or self.mode == "always":
-            return None
+            return True, ""
         sample = b"".join(source.pread(CHUNK_SIZE, pos) for pos in sorted({0, size // 2 // CHUNK_SIZE * CHUNK_SIZE}))
         packed = pays(codec, sample)
         if packed is None:
-            return None  # saves too little to decode at every read
-        saves = 1 - len(packed) / len(sample)
+            return True, ""  # saves too little to decode at every read
+        stored = len(packed) / len(sample)
+        saves = f"{codec.spec} saves {1 - stored:.0%} of a sample"
         if planned:
-            return f"the plan's {codec.spec} saves {saves:.0%} of a sample"
-        speed = decode_speed(codec, packed, len(sample))
-        if speed < self.required:
-            return None  # decoding would slow the reads the training needs more than the bytes it saves are worth
-        return (f"{codec.spec} saves {saves:.0%} of a sample and decodes it at "
-                f"{human_rate(speed)}, fast enough for {human_rate(self.rate)} (--large-rate)")
+            return False, f"the plan's {saves}"
+        required = required_decode(self.rate, self.workers, overhead=OVERHEAD, stored=stored)
+        raw_read = (f"within {OVERHEAD:.0%} of its time read raw at {human_rate(self.rate)} by "
+                    f"{_processes(self.workers)} (--large-rate, --large-workers)")
+        if codec.decode_rate < required:
+            return True, (f"{saves}; to be served {raw_read} it would have to decode at {human_rate(required)} a "
+                          f"process ({codec.codec_id}: {human_rate(codec.decode_rate)})")
+        return False, (f"{saves}: read so and decoded at {human_rate(codec.decode_rate)} a process "
+                       f"({human_rate(required)} needed) it is served {raw_read}")
 
     def kept_as(self, reason: str) -> str:
         """A file that compresses stays chunked and is kept compressed; one with holes is kept chunked."""
@@ -104,6 +125,22 @@ class Extents(PlainFiles):
         """A plain file's chunks (no holes) as an extent's: stored as they are, from a page boundary."""
         packed.compress, packed.align = False, ALIGN
         return packed
+
+    def describe(self, index: Columns, entries: np.ndarray) -> dict[str, Any]:
+        """What ``--extents auto`` chose the extents for, as the index records it (a store packed before did not)."""
+        recorded = (index.meta.get("records") or {}).get(self.name)
+        if not isinstance(recorded, dict) or recorded.get("mode") != "auto":
+            return {}
+        rate, workers = recorded.get("large_rate"), recorded.get("large_workers")
+        if not (isinstance(rate, (int, float)) and rate > 0 and isinstance(workers, int) and workers > 0):
+            return {}
+        return {"chosen_for": {"large_rate": rate, "large_workers": workers}}
+
+    def summary(self, described: Mapping[str, Any]) -> str:
+        chosen = described.get("chosen_for")
+        if not chosen:
+            return ""
+        return f" (chosen for reads at {human_rate(chosen['large_rate'])} by {_processes(chosen['large_workers'])})"
 
     def check(self, index: Columns, entries: np.ndarray) -> str | None:
         problem = super().check(index, entries)
@@ -171,3 +208,13 @@ def _furthest(ends: np.ndarray, shards: np.ndarray, sizes: np.ndarray) -> np.nda
     lift = np.concatenate([[0], np.cumsum(sizes.astype(np.int64) + 1)[:-1]])[shards]
     return np.maximum.accumulate(ends + lift) - lift
 
+
+def _processes(count: int) -> str:
+    return f"{count} serving process{'es' * (count != 1)}"
+
+
+def _count(text: str) -> int:
+    """``--large-workers``: a whole number above 0."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"expected a whole number above 0, got {text!r}")
+    return int(text)

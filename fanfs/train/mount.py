@@ -1,4 +1,5 @@
-"""What a training process learns of a running mount: that it is one, and what its JPEG records offer.
+"""What a training process learns of a running mount: that it is one, how far it reads ahead, and what its JPEG
+records offer.
 
 The daemon names its store (an absolute path) in its status answer; the index is opened here, read-only,
 to read the records' layer counts and sizes.  Nothing is read from the shards.
@@ -27,6 +28,11 @@ def mount_status(mountpoint: str | os.PathLike) -> dict[str, Any]:
         return request(mnt, {"cmd": "status"}, timeout=30)
     except ControlError as err:
         raise UsageError(f"{err}: is {mnt} a fanfs mount? ('fanfs mount STORE {mnt}' first)") from None
+
+
+def read_ahead_budget(mountpoint: str | os.PathLike) -> int:
+    """The bytes the mount reads ahead of a known order, at most (``--prefetch``, a lazy cache's window; 0: none)."""
+    return int(request(os.fspath(mountpoint), {"cmd": "read_ahead"}, timeout=30)["budget"])
 
 
 @contextlib.contextmanager

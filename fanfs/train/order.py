@@ -1,12 +1,14 @@
-"""A sampler that tells the mount the order it will read in, so that a lazily staged node fetches ahead of it.
+"""A sampler that tells the mount the order it will read in, so that the mount reads ahead of it.
 
 A training's order is known before it reads: a seeded shuffle per epoch.  :class:`OrderSampler` wraps the sampler
 a ``DataLoader`` would use (``DistributedSampler`` for a job of several ranks; by default a seeded shuffle of the
 whole dataset) and, as each epoch begins, gives the mount the paths of that epoch and, where the sampler can say it
-(``set_epoch``), of the next, through the mount's control socket (``fanfs ctl --order`` takes the same file).  The
-node then fetches the blobs of the next files from its peers or the shared store before the loader's workers open
-them (:mod:`fanfs.cache.prefetch`).  The indices it yields are the wrapped sampler's, unchanged; if the mount
-cannot take the order (not a lazily staged mount, or gone), training goes on, with one warning.
+(``set_epoch``), of the next, through the mount's control socket (``fanfs ctl --order`` takes the same file).  A
+mount of any kind then has the next files' blobs read ahead before the loader's workers open them: into the page
+cache from the node's copies or the store (:mod:`fanfs.cache.pagecache`, within ``--prefetch``), or on a lazily
+staged node into its cache from its peers or the shared store (:mod:`fanfs.cache.prefetch`).  The indices it yields
+are the wrapped sampler's, unchanged; if the mount cannot take the order (``--prefetch 0``, or gone), training goes
+on, with one warning.
 """
 
 from __future__ import annotations

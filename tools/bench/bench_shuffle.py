@@ -5,8 +5,8 @@ A store packed from a tree keeps the tree's order, so a shard holds a few classe
 train set (1,281,167 files in 1,000 class directories, 732-1,300 files each, ~110 KB JPEGs, log-normal sizes) packed
 into 256 MiB shards in directory order.  For each window, over one epoch cut into batches: the mean number of distinct
 classes and of distinct shards per batch, against a full shuffle; and the bytes a mount must read ahead to read a
-window in sequence.  Pure arithmetic on the order (no store, no disk): the figures docs/fidelity.rst and the sampler's
-docstring quote.
+window in sequence.  Pure arithmetic on the order (no store, no disk): the figures docs/clusters.rst and the sampler's
+docstring quote (``--shard-mib S --windows W,...``: the windows a read-ahead budget holds of shards of S MiB).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...codecs import required_decode
+from ...codecs import rate_kept_up, required_decode
 from ...errors import UsageError
 from ...util import units
 
@@ -61,10 +61,7 @@ class Demand:
 
     def rate_for(self, decode: float, threads: int | None = None) -> float:
         """The highest byte rate a per-thread decode speed ``decode`` keeps up with (inverse of the above)."""
-        t = threads or self.threads
-        if self.mode == "sync":
-            return decode * t * self.overhead
-        return decode * t / (1 + self.headroom)
+        return rate_kept_up(decode, threads or self.threads, self.mode, self.overhead, self.headroom)
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "rate_Bps": self.rate, "samples_per_sec": self.samples_per_sec,
