@@ -8,6 +8,8 @@ too, in ``tools/support/`` (``fanfs_command``: the ``fanfs`` command and mounts;
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import sys
@@ -53,17 +55,62 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``in_process_too`` that mounts runs twice: reading through the mount, and in-process as under
+    ``fanfs run`` (issue 48: every read test of the mount also runs through the fast path); but a test marked
+    ``mount_only``, whose checks are of how the daemon serves (its counters, its requests, its cache's accounting),
+    which reads in-process never reach."""
+    definition = metafunc.definition
+    if "mount" in metafunc.fixturenames and definition.get_closest_marker("in_process_too") \
+            and not definition.get_closest_marker("mount_only"):
+        metafunc.parametrize("reading", ["mount", "in-process"], indirect=True)
+
+
 @pytest.fixture
-def mount(tmp_path: Path):
-    """``with mount(store, *options) as mnt:`` — a fresh mount point under tmp_path."""
+def reading(request: pytest.FixtureRequest) -> str:
+    """How the test's reads of its mounts are made: "mount", or "in-process" (fanfs run's fast path)."""
+    return getattr(request, "param", "mount")
+
+
+@pytest.fixture
+def mount(tmp_path: Path, reading: str):
+    """``with mount(store, *options) as mnt:`` — a fresh mount point under tmp_path.  In-process (``reading``), the
+    test's own reads of it go through fanfs run's fast path, and so do those of the Python processes it starts."""
     count = 0
 
+    @contextlib.contextmanager
     def _mount(store: Path, *options: str):
         nonlocal count
         count += 1
-        return mounted(store, tmp_path / f"mnt{count}", *options)
+        with mounted(store, tmp_path / f"mnt{count}", *options) as mnt:
+            if reading != "in-process":
+                yield mnt
+                return
+            with _in_process(mnt):
+                yield mnt
 
     return _mount
+
+
+@contextlib.contextmanager
+def _in_process(mnt: Path):
+    """Reads of ``mnt`` made in-process, in this process and the Python processes it starts, as ``fanfs run`` makes
+    them."""
+    from fanfs.cli.run import STARTUP
+    from fanfs.inproc import hook
+    saved = {name: os.environ.get(name) for name in (hook.MOUNTS_VARIABLE, "PYTHONPATH")}
+    os.environ[hook.MOUNTS_VARIABLE] = json.dumps([os.path.realpath(mnt)])
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [STARTUP, saved["PYTHONPATH"]]))
+    hook.install([os.path.realpath(mnt)])
+    try:
+        yield
+    finally:
+        hook.uninstall()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture

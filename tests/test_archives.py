@@ -27,6 +27,8 @@ from fanfs.ingest.tar import TarReader
 from fanfs.store import Store
 from fanfs.util.images import decode_pixels
 
+pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
+
 RECORDS = ("--progressive-jpeg", "--scales", "2", "--float-records")
 
 

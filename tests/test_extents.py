@@ -36,6 +36,8 @@ from fanfs.store import Store
 from fanfs.store.format import FILE, SHARD_DIR, SHARD_HEADER, shard_name
 from fanfs.util.units import human_rate
 
+pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
+
 MIB = 1 << 20
 
 
@@ -314,6 +316,7 @@ def _drop_pages(path: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.mount_only  # the daemon's own counters
 def test_extents_are_spliced_and_never_pass_through_the_daemon_twice(extents, mount):
     src, store, _ = extents
     size = (src / "vol" / "big.raw").stat().st_size
@@ -486,6 +489,7 @@ def test_a_plain_users_pipe_holds_a_reply_of_max_read():
         assert at_one_mib.startswith("refused"), at_one_mib
 
 
+@pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.parametrize("stage", ["full", "lazy"])
 def test_a_staged_copy_and_a_lazily_cached_one_are_spliced_too(extents, tmp_path, mount, stage):
     """A node's own copy (staged before serving, or kept by the lazy cache at its first read) is where an extent is
@@ -544,6 +548,7 @@ def test_a_flipped_byte_in_a_staged_or_cached_copy_is_never_spliced(extents, tmp
         assert not lines and errors == 0, lines
 
 
+@pytest.mark.mount_only  # the daemon's own counters
 def test_a_mount_that_cannot_splice_says_so_once_and_copies_right(extents, mount, monkeypatch):
     """Where libfuse's pipe cannot be sized for a useful spliced reply (a pipe-max-size of one page: it would copy every
     reply, silently, and in requests of one page), the mount says so in one log line and serves every extent by the

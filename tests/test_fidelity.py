@@ -20,6 +20,8 @@ from fanfs.records.jpeg import JpegRecords
 from fanfs.tune.quality import decode
 from fanfs.store import FULL, Store
 
+pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
+
 assert ImageFile.LOAD_TRUNCATED_IMAGES is False  # a presented JPEG must be complete, not tolerated
 
 
@@ -99,6 +101,7 @@ def test_a_bad_mount_point_fails_before_auto_measures(jpeg_store, tmp_path, make
     assert done.stdout == "", "nothing measured, no K chosen"
 
 
+@pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
 def test_low_fidelity_reads_fewer_bytes(jpeg_store, mount):
     src, store, samples = jpeg_store

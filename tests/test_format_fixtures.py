@@ -27,6 +27,8 @@ from fanfs.records import Presentation, parse
 from fanfs.util.images import decode_pixels
 from fanfs.store import Store
 
+pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -25,6 +25,8 @@ from fanfs.records.jpeg import JpegRecords
 from fanfs.records.jpeg.markers import frame
 from fanfs.store import Store
 
+pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
+
 LIMIT = 3 << 30  # bytes of address space for a command that must not decode a huge image
 
 

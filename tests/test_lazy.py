@@ -30,6 +30,8 @@ from fanfs.records import FULL, blob_ranks
 from fanfs.store import Store
 from fanfs.cache.localcache import ABSENT, FILLING, HOLE, KEPT, STATE_NAME, DiskCache, state_file_bytes
 
+pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
+
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
@@ -188,6 +190,7 @@ def test_the_caches_files_are_private_whatever_the_umask(photos, tmp_path):
 
 # --- through a mount --------------------------------------------------------------------------------------
 
+@pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
 def test_lazy_mount_serves_at_once_every_fidelity_byte_exact_and_a_second_mount_resumes(photos, tmp_path, mount):
     store, names, expected = photos
@@ -210,6 +213,7 @@ def test_lazy_mount_serves_at_once_every_fidelity_byte_exact_and_a_second_mount_
     assert again["fills"] == 0 and again["hit_bytes"] == int(index.blob_stored.sum())
 
 
+@pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
 def test_a_quarter_of_the_share_as_capacity(photos, tmp_path, mount):
     store, names, expected = photos
@@ -234,6 +238,7 @@ def test_a_quarter_of_the_share_as_capacity(photos, tmp_path, mount):
     assert ranks[kept].max() <= ranks[~kept & (index.blob_stored > 0)].min()
 
 
+@pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
 def test_a_daemon_killed_mid_fetch_and_a_second_mount(photos, tmp_path, mount, monkeypatch):
     store, names, expected = photos
@@ -291,6 +296,7 @@ def test_a_full_disk_during_a_lazy_fetch_reads_through_and_says_why(photos, tmp_
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
+@pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
 def test_a_lazy_cache_on_a_full_disk_gives_one_account_of_its_blobs(photos, tmp_path, mount):
@@ -356,6 +362,7 @@ def test_an_order_told_to_a_mount_that_reads_nothing_ahead_says_why(one_file_sto
     assert "--prefetch budget is 0" in done.stderr and "unknown" not in done.stderr
 
 
+@pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
 def test_an_order_is_fetched_ahead(photos, tmp_path, mount):
     store, names, expected = photos

@@ -22,6 +22,8 @@ from fanfs.store.format import SHARD_DIR, shard_name
 from fanfs.store import Store
 from fanfs.store.sources import LocalShards
 
+pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
+
 
 @pytest.fixture(scope="module")
 def torture(tmp_path_factory):

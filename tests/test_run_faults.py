@@ -223,3 +223,37 @@ def _child_of(pid: int) -> int:
             return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
         time.sleep(0.01)
     raise AssertionError(f"no child of {pid}")
+
+
+MEMORY = r"""
+import json, os, sys
+import numpy  # what a training process imports anyway; then fanfs's modules, before the counting starts
+import fanfs.inproc.view
+
+def anonymous():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssAnon:"))
+
+before = anonymous()
+try:
+    open(os.path.join(sys.argv[1], sys.argv[2]), "rb").read()
+except OSError:
+    pass  # a synthetic store's files are holes: the store is open all the same
+with open("/proc/self/maps") as f:
+    mapped = any("memfd:fanfs-index" in line for line in f)
+print(json.dumps({"grew": anonymous() - before, "mapped": mapped}))
+"""
+
+
+def test_the_index_is_the_mount_s_memory_shared_not_a_copy_per_process(tmp_path, mount):
+    """Eight DataLoader workers of eight ranks must not hold 64 copies of a 162 MiB index: a reader maps the mount's
+    sealed index (one copy per node) and its own memory grows by a small part of it."""
+    from bench_index import synthesise
+    names = synthesise(tmp_path / "store", 300_000, 100, 4)
+    index_bytes = (tmp_path / "store" / "index").stat().st_size
+    with mount(tmp_path / "store") as mnt:
+        done = subprocess.run([*FANFS, "run", "--mount", str(mnt), "--", sys.executable, "-c", MEMORY, str(mnt),
+                               names[123]], capture_output=True, text=True, check=True, timeout=300)
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert index_bytes > 20 << 20 and got["mapped"], (index_bytes, got)
+    assert got["grew"] < index_bytes // 8, (got, index_bytes)

@@ -46,16 +46,20 @@ def test_job_reads_every_file_exactly_on_every_node(slurm, slurm_plain, tmp_path
         assert r["env_mnt"] == r["mnt"] and f"-{r['node']}" in r["mnt"]
         assert r["extra"] == ["two words", r["mnt"] + "/x"], "arguments arrive as given, $FANFS_MNT replaced"
         assert r["fidelity"] == "full" and r["workers"] == 2
+        assert r["run"], "issue 48: a task reads its node's mount in-process by default (fanfs run)"
+    assert "read in-process" in output
     assert_nothing_left(slurm, job)
 
 
 def test_one_node_job_ends_clean_too(slurm, slurm_plain, tmp_path):
+    """And FANFS_RUN=0 runs the training command as it is: every read through the mount."""
     src, store = slurm_plain
-    job = submit(slurm, store, tmp_path / "out", "--source", str(src), nodes=1)
+    job = submit(slurm, store, tmp_path / "out", "--source", str(src), nodes=1, env={"FANFS_RUN": "0"})
     result = slurm.wait(job, timeout=120)
     assert result == ("COMPLETED", 0, 0), slurm.output(job)
     (report,) = reports(tmp_path / "out").values()
     assert report["files"] == 120 and not report["mismatches"], report
+    assert not report["run"] and not report["in_process_files"], report
     assert_nothing_left(slurm, job)
 
 

@@ -33,7 +33,7 @@ from fanfs.records import Presentation
 from fanfs.records.jpeg import FIDELITY, JpegRecords
 from fanfs.store import FULL, Store
 
-pytestmark = pytest.mark.slow  # see docs/userguide.rst, 'Quick start'
+pytestmark = [pytest.mark.slow, pytest.mark.in_process_too]  # see docs/userguide.rst, 'Quick start'
 
 SWITCHES = 24
 """Switches in each race: every setting of a cycle three times or more."""

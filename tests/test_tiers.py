@@ -33,6 +33,8 @@ from fanfs.store import Store
 from fanfs.store.format import INDEX_NAME, read_index, shard_header, write_index
 from fanfs.tune.quality import similarity
 
+pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
+
 HALF, QUARTER = parse("fidelity", "1/2"), parse("fidelity", "1/4")
 FORMAT3 = Path(__file__).parent / "fixtures" / "format3" / "store"  # packed before --tier-quality
 SAMPLES = ("cmyk", "exif_orient6", "gray", "s444", "photo_hubble")
@@ -305,6 +307,7 @@ def test_a_mount_presents_tiers_and_switches_among_them(tiered, mount):
         assert json.loads(fanfs("stats", mnt, "--json").stdout)["fidelity"] == "1/2"  # as --fidelity writes it
 
 
+@pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
 def test_staged_at_a_quarter_copies_the_quarter_tiers_and_serves_them(tiered, tmp_path, mount):
     src, store_path, _ = tiered

@@ -292,6 +292,8 @@ class CachedShards(ShardSource):
     blobs it keeps (``keep``, a bool per blob) fetched from ``shared`` at their first read.  Others are NotHeld: a
     peer or the shared store serves them."""
 
+    written_while_serving = True  # filled as it is read: its change time moves by design (fanfs.store.extents)
+
     def __init__(self, cache: DiskCache, keep: np.ndarray, shared: ShardSource, name: str) -> None:
         self.cache = cache
         self.held = keep  # what a peer may ask this node for (its peer server checks it)

@@ -93,6 +93,9 @@ class NodeStore:
     remotes: list[RemoteBlobs]
     placement: Placement
     client: PeerClient | None
+    facts: dict[str, Any]
+    """What another process of this node needs, beside the peers, to build the same store (:func:`node_store` takes
+    them back): an in-process reader of the node's mount (``fanfs run``), or of a node serving without one."""
 
 
 def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: int, local_dir: str,
@@ -123,7 +126,9 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
 
     store = Store(store_root, cache_size=cache_size, sources=[share.local, *remotes, share.shared],
                   check_shards=False, index=index, is_local=is_local)
-    return NodeStore(store, share, remotes, placement, client)
+    facts = {"store": store_root, "store_id": index.meta["store_id"], "rank": rank, "nodes": nodes, "replicas": replicas,
+             "local_dir": local_dir, "stage": "lazy" if lazy else "full", "capacity": capacity, "staged": dict(staged)}
+    return NodeStore(store, share, remotes, placement, client, facts)
 
 
 class CacheHooks:
@@ -136,6 +141,7 @@ class CacheHooks:
     def __init__(self, store: Store, presentation: Presentation, mountpoint: str, budget: int,
                  node: NodeStore | None = None) -> None:
         self.share = node.share if node is not None else None
+        self.node = node
         self.follower: OrderFollower | None = None
         if isinstance(self.share, LazyShare):
             self.follower = Prefetcher(store, self.share, node.remotes if node else [], presentation)
@@ -166,7 +172,12 @@ class CacheHooks:
 
     def hooks(self) -> Hooks:
         """What a mount alone adds (a job's node adds its peers' too)."""
-        return Hooks(counters=self.counters, commands=self.commands, extra_stats=self.stats, on_present=self.present)
+        recipe = None
+        if self.node is not None:
+            facts = self.node.facts
+            recipe = lambda: {"kind": "node", "facts": facts}  # noqa: E731 - its in-process readers read as it does
+        return Hooks(counters=self.counters, commands=self.commands, extra_stats=self.stats, on_present=self.present,
+                     recipe=recipe)
 
 
 def store_hooks(presentation: Presentation, mountpoint: str, budget: int) -> Callable[[Store], Hooks]:

@@ -30,6 +30,8 @@ settings (environment; the options of 'job run' win):
   FANFS_MPI       srun's --mpi for the nodes' start-up (default pmi2; pmix for a PMIx MPI)
   FANFS_MOUNT     0: where FUSE is not allowed, mount nothing; each node serves its peers and the training
                   tasks read in-process: fsspec.filesystem("fanfs", job=True) (default 1)
+  FANFS_RUN       1: each task of the training command runs under 'fanfs run': its Python processes open its node's
+                  mount's files in their own process, no FUSE round trip per file (default); 0: through the mount
   FANFS_STAGE     full: each node copies its shards before training starts (default); lazy: training starts at
                   once and a node copies a blob the first time it (or a peer) reads it
   FANFS_CAPACITY  with FANFS_STAGE=lazy: local disk each node's cache may take (e.g. 200G); a store whose share
@@ -66,6 +68,10 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     mount = os.environ.get("FANFS_MOUNT", "").strip() or "1"
     if mount not in ("0", "1"):
         raise UsageError(f"FANFS_MOUNT must be 1 (mount) or 0 (serve without a mount), not {mount!r}")
+    in_process = os.environ.get("FANFS_RUN", "").strip() or "1"
+    if in_process not in ("0", "1"):
+        raise UsageError(f"FANFS_RUN must be 1 (the tasks read in-process, under 'fanfs run') or 0 (through the "
+                         f"mount), not {in_process!r}")
     stage = args.stage or os.environ.get("FANFS_STAGE", "").strip() or "full"
     if stage not in ("full", "lazy"):
         raise UsageError(f"FANFS_STAGE must be full or lazy, not {stage!r}")
@@ -80,7 +86,8 @@ def cmd_job_run(args: argparse.Namespace) -> int:
                          "set FANFS_STAGE=lazy too")
     settings = JobSettings(nodes=nodes, replicas=min(replicas, nodes), presentation=as_text(values),
                            cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2", workers=workers,
-                           mount=mount == "1" and not args.no_mount, stage=stage, capacity=capacity)
+                           mount=mount == "1" and not args.no_mount, stage=stage, capacity=capacity,
+                           in_process=in_process == "1" and not args.no_run)
     for variable, value in ((LOCAL_VARIABLE, args.local), (MNT_VARIABLE, args.mountpoint)):
         if value:
             os.environ[variable] = value  # the steps inherit it
@@ -129,6 +136,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                    "start at once, copy a blob when it is first read ($FANFS_STAGE; default full)")
     p.add_argument("--capacity", type=positive_size, metavar="SIZE", help="with --stage lazy: local disk each node's "
                    "cache may take; the rest is read through ($FANFS_CAPACITY; default: no limit)")
+    p.add_argument("--no-run", action="store_true", help="run the training command as it is, not under 'fanfs run': "
+                   "every read goes through the mount (FANFS_RUN=0)")
     p.add_argument("store", help="the store, on a file system every node sees")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command; '$FANFS_MNT' and "
                    "'${FANFS_MNT}' in it (quoted at submission) become the node's mount point ($FANFS_MNT_X stays)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..util.units import human_size
+from ..util.units import counted, human_size
 from .args import print_json
 
 
@@ -48,6 +48,10 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
     if "reads_in_memory" in stats:
         lines.append(f"requests   {stats['reads_in_memory']:,} answered at once (their bytes were in memory), "
                      f"{stats['reads_deferred']:,} by threads that waited on a disk or a peer")
+    if (inside := stats.get("in_process")) and inside["processes"]:
+        lines.append(f"in-process {counted(inside['files'], 'file')} ({human_size(inside['bytes'])}) read by "
+                     f"{counted(inside['processes'], 'process', 'processes')} of 'fanfs run' in their own memory (not in "
+                     f"the counts above); {counted(inside['to_mount'], 'open')} left to the mount")
     answers = stats.get("page_cache_answers", {})
     if any(answers.values()):
         ways = ", ".join(f"{count:,} by {way}" for way, count in answers.items() if count)

@@ -32,6 +32,7 @@ from typing import IO, TextIO
 from ..errors import FanfsError, UsageError
 from ..records import setting
 from ..util.processes import fanfs_command
+from .job import MNT_VARIABLE
 from .serving import READY_LINE
 
 READY_MARK = READY_LINE.split("{")[0]  # "fanfs: ready: "
@@ -53,6 +54,11 @@ class JobSettings:
     mount: bool = True  # False: the nodes serve without a mount (their tasks read in-process)
     stage: str = "full"  # "lazy": the nodes serve at once and fill their caches as they read
     capacity: int | None = None  # lazy: local disk each node's cache may take
+    in_process: bool = True  # the training command runs under 'fanfs run': its Python reads its node's mount in-process
+
+    def task_prefix(self, fanfs: Sequence[str]) -> list[str]:
+        """What each task of the training command runs it under: 'fanfs run' on its node's mount (in_process)."""
+        return [*fanfs, "run", "--mount", "$" + MNT_VARIABLE, "--"] if self.in_process and self.mount else []
 
     def serve_command(self, fanfs: Sequence[str], store: str) -> list[str]:
         return ["srun", f"--nodes={self.nodes}", f"--ntasks={self.nodes}", "--ntasks-per-node=1", "--overlap",
@@ -119,7 +125,8 @@ class BatchJob:
                 return 143 if self.stopped_by else 1
             print(f"fanfs: {self.settings.nodes} node(s) serve {self.store} "
                   f"({time.monotonic() - started:.1f} s to stage and mount)", flush=True)
-            self.train = subprocess.Popen(["srun", "--overlap", *self.fanfs, "job", "exec", "--", *self.command])
+            self.train = subprocess.Popen(["srun", "--overlap", *self.fanfs, "job", "exec", "--",
+                                           *self.settings.task_prefix(self.fanfs), *self.command])
             code = self.train.wait()
             return 128 + self.stopped_by if self.stopped_by and code == 0 else code
         finally:

@@ -88,27 +88,34 @@ def open_node(directory: str | os.PathLike, cache_size: int) -> NodeStore:
     return node_reader(facts, private, index, cache_size, directory)
 
 
-def node_reader(facts: dict[str, Any], private: bytes, index: Index, cache_size: int, where: str) -> NodeStore:
-    """The store of the node that published ``facts`` and its key (``private``), opened in this process with
-    ``index`` (the store's, as the node validated it); ``where`` names the node in errors."""
+def node_reader(facts: dict[str, Any], private: bytes | None, index: Index, cache_size: int, where: str) -> NodeStore:
+    """The store of the node that published ``facts`` (:attr:`fanfs.cache.share.NodeStore.facts`, and for a job's
+    node its peers' addresses and public keys, with its own key ``private``), opened in this process with ``index``
+    (the store's, as the node validated it); ``where`` names the node in errors."""
     try:
-        store_root, rank = str(facts["store"]), int(facts["rank"])
-        publics = [bytes.fromhex(public) for public in facts["publics"]]
-        endpoints = [(str(host), int(port)) for host, port in facts["endpoints"]]
-        key = NodeKey(private)
+        store_root, rank, nodes = str(facts["store"]), int(facts["rank"]), int(facts.get("nodes", 1))
         lazy, capacity = facts.get("stage") == "lazy", facts.get("capacity")
         capacity = None if capacity is None else int(capacity)
-        replicas, local_dir, timeout = int(facts["replicas"]), str(facts["local_dir"]), float(facts["peer_timeout"])
-        staged = Presentation(facts["staged"])
+        replicas, local_dir, staged = int(facts["replicas"]), str(facts["local_dir"]), Presentation(facts["staged"])
+        client = _client(facts, private, index, where) if facts.get("endpoints") else None
     except (KeyError, TypeError, ValueError) as err:
         raise FanfsError(f"{where}: a malformed node view ({err})") from None
-    if not 0 <= rank < len(publics) or key.public != publics[rank]:
-        raise FanfsError(f"{where}: the node's key is not rank {rank}'s of its job")
     if index.meta["store_id"] != facts["store_id"]:
         raise FanfsError(f"{store_root} is not the store the node in {where} serves (packed again since?)")
-    client = PeerClient(endpoints, publics, rank, key, bytes.fromhex(facts["store_id"]), index.blob_stored, timeout)
-    return node_store(store_root, index, rank, len(endpoints), replicas, local_dir, staged, client, cache_size,
-                      lazy=lazy, capacity=capacity)
+    return node_store(store_root, index, rank, len(facts["endpoints"]) if client else nodes, replicas, local_dir,
+                      staged, client, cache_size, lazy=lazy, capacity=capacity)
+
+
+def _client(facts: dict[str, Any], private: bytes | None, index: Index, where: str) -> PeerClient:
+    """The node's client of its peers, speaking as the node (its key)."""
+    rank = int(facts["rank"])
+    publics = [bytes.fromhex(public) for public in facts["publics"]]
+    endpoints = [(str(host), int(port)) for host, port in facts["endpoints"]]
+    key = NodeKey(private or b"")
+    if not 0 <= rank < len(publics) or key.public != publics[rank]:
+        raise FanfsError(f"{where}: the node's key is not rank {rank}'s of its job")
+    return PeerClient(endpoints, publics, rank, key, bytes.fromhex(facts["store_id"]), index.blob_stored,
+                      float(facts["peer_timeout"]))
 
 
 def _write(path: str, data: bytes) -> None:

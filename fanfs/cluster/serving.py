@@ -26,7 +26,6 @@ from ..serve.control import ControlServer, MountLock
 from ..records import Auto, Presentation
 from ..serve.daemon import Counters, Hooks, MountOptions, start
 from ..store.format import INDEX_NAME
-from ..store import Store
 from ..store.index import Index
 from ..util.mounts import unmount
 from ..util.server import configure_server
@@ -171,7 +170,7 @@ def serve_job(plan: Plan, mountpoint: str, end: PeerEnd, lock: MountLock) -> Non
         return {**client.counters(), **cache.counters()}
 
     def recipe() -> dict[str, Any]:  # what an in-process reader of the node's mount builds the same store from
-        return {"kind": "node", "facts": node_facts(plan, node.store), "key": end.key.private.hex()}
+        return {"kind": "node", "facts": node_facts(plan, node), "key": end.key.private.hex()}
 
     hooks = Hooks(on_ready=ready, serving=server.start, counters=counters, extra_stats=stats, commands=cache.commands,
                   on_present=cache.present, recipe=recipe)
@@ -188,13 +187,11 @@ def serve_job(plan: Plan, mountpoint: str, end: PeerEnd, lock: MountLock) -> Non
             os.close(fd)
 
 
-def node_facts(plan: Plan, store: Store) -> dict[str, Any]:
+def node_facts(plan: Plan, node: NodeStore) -> dict[str, Any]:
     """What a reader needs, beside the node's key, to build this node's store in its own process
-    (:func:`.nodeview.node_reader`)."""
-    return {"store": plan.store_root, "store_id": store.meta["store_id"], "rank": plan.rank,
-            "replicas": plan.options.replicas, "local_dir": plan.options.local_dir, "stage": plan.options.stage,
-            "capacity": plan.options.capacity, "staged": dict(plan.staged), "endpoints": plan.endpoints,
-            "publics": [public.hex() for public in plan.publics], "peer_timeout": plan.options.peer_timeout}
+    (:func:`.nodeview.node_reader`): the node's own facts, and its peers'."""
+    return {**node.facts, "endpoints": plan.endpoints, "publics": [public.hex() for public in plan.publics],
+            "peer_timeout": plan.options.peer_timeout}
 
 
 def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, end: PeerEnd, hooks: Hooks,
@@ -222,7 +219,7 @@ def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, end: PeerE
     try:
         server.start()
         control.start()
-        publish(directory, end.key, node_facts(plan, store))
+        publish(directory, end.key, node_facts(plan, node))
         log.info("serving %s to peers and to in-process readers through %s (pid %d, no mount)", store.root,
                  directory, os.getpid())
         hooks.on_ready()

@@ -14,23 +14,27 @@ file on the mount, positioned where this file is, for what needs a real descript
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import os
+import time
 from typing import Any
 
 from ..util.cbytes import BYTES_DATA, new_bytes
 
 WHOLE = 1 << 20
 """Files up to this size are read whole when opened (one chunk: one blob per layer)."""
+SETTLE = 2.0
+"""Seconds ``fileno()`` waits for the mount's name of a file to show the view this file was opened at."""
 
 
 class StoreFile(io.RawIOBase):
     """A file of a mount larger than :data:`WHOLE`, read from ``store`` at ``view`` as it is asked for."""
 
-    def __init__(self, store: Any, entry: int, view: int, size: int, name: Any, path: str) -> None:
+    def __init__(self, store: Any, entry: int, view: int, size: int, name: Any, path: str, ino: int) -> None:
         self._store, self._entry, self._view, self._size = store, entry, view, size
         self._pos = 0
-        self._name, self._path = name, path
+        self._name, self._path, self._ino = name, path, ino
         self._fd = -1
 
     @property
@@ -60,18 +64,31 @@ class StoreFile(io.RawIOBase):
         pos, n = self._pos, min(len(view), self._size - self._pos)
         if n <= 0:
             return 0
-        n = self._store.readinto(self._entry, pos, view[:n], self._view)
+        n = self._read(pos, view[:n])
         self._pos = pos + n
         return n
+
+    def _read(self, pos: int, view: memoryview) -> int:
+        """Bytes from ``pos`` into ``view``: from the store here, or, where this process cannot read them (a copy cut
+        or bad under it), from the mount, which finds another copy or answers EIO, and logs it."""
+        try:
+            return self._store.readinto(self._entry, pos, view, self._view)
+        except (OSError, ValueError):
+            return os.preadv(self.fileno(), [view], pos)
 
     def readall(self) -> bytes:
         self._check()
         pos = self._pos
         if pos >= self._size:
             return b""
-        self._pos = self._size
         out = new_bytes(None, self._size - pos)  # filled here before anyone sees it
-        got = self._store.readinto(self._entry, pos, _writable(out), self._view)
+        view, got = _writable(out), 0
+        while got < len(out):  # a read through the mount may come short of an error: the next one raises it
+            n = self._read(pos + got, view[got:])
+            if n <= 0:
+                break
+            got += n
+        self._pos = pos + got
         return out if got == len(out) else out[:got]
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
@@ -95,10 +112,10 @@ class StoreFile(io.RawIOBase):
         raise io.UnsupportedOperation("truncate")
 
     def fileno(self) -> int:
-        """A real descriptor of this file on the mount, positioned where this file is (opened at the first call)."""
+        """A real descriptor of this file on the mount, positioned where this file is (:func:`mount_descriptor`)."""
         self._check()
         if self._fd < 0:
-            self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = mount_descriptor(self._path, self._ino, None)
         os.lseek(self._fd, self._pos, os.SEEK_SET)
         return self._fd
 
@@ -120,7 +137,7 @@ class WholeFile(io.BytesIO):
     """A file of a mount read whole when opened (at most :data:`WHOLE` bytes): its bytes, held as a BytesIO holds
     them (no copy: a whole read returns them, a part is sliced), under a BufferedReader as a FileIO is."""
 
-    __slots__ = ("_name", "_path", "_fd")
+    __slots__ = ("_name", "_path", "_ino", "_fd")
 
     readall = io.BytesIO.read  # what a BufferedReader asks of its raw file for a whole read: the bytes themselves
 
@@ -134,11 +151,11 @@ class WholeFile(io.BytesIO):
         return "rb"
 
     def fileno(self) -> int:
-        """A real descriptor of this file on the mount, positioned where this file is (opened at the first call)."""
+        """A real descriptor of this file on the mount, positioned where this file is (:func:`mount_descriptor`)."""
         if self.closed:
             raise ValueError("I/O operation on closed file")
         if self._fd < 0:
-            self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = mount_descriptor(self._path, self._ino, self.getbuffer())
         os.lseek(self._fd, self.tell(), os.SEEK_SET)
         return self._fd
 
@@ -152,10 +169,33 @@ class WholeFile(io.BytesIO):
         return f"<fanfs in-process file name={self._name!r} mode='rb'>"
 
 
-def whole_file(data: bytes, name: Any, path: str) -> WholeFile:
+def whole_file(data: bytes, name: Any, path: str, ino: int) -> WholeFile:
     raw = WholeFile(data)
-    raw._name, raw._path, raw._fd = name, path, -1
+    raw._name, raw._path, raw._ino, raw._fd = name, path, ino, -1
     return raw
+
+
+def mount_descriptor(path: str, ino: int, data: Any) -> int:
+    """A descriptor of the file at ``path`` on the mount as this process presents it (the mount's inode ``ino``: one
+    inode per view, so ``fstat``, ``mmap`` and ``read`` of it agree with this file).  A switch of the presentation
+    reaches the kernel's cached names within moments: a name that resolves to another view is opened again, for
+    :data:`SETTLE` seconds at most; then a file read whole (``data``) is handed over as a sealed copy of its bytes in
+    memory, and a larger one is ESTALE (its view is no longer the mount's)."""
+    deadline = time.monotonic() + SETTLE
+    while True:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if os.fstat(fd).st_ino == ino:
+            return fd
+        os.close(fd)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    if data is None:
+        raise OSError(errno.ESTALE, "the file's view is no longer the one the mount shows", path)
+    from ..store.trust import sealed_copy
+    copy = sealed_copy(data)
+    copy.close()  # the mapping; its memfd is the caller's
+    return copy.fd
 
 
 def _writable(data: bytes) -> memoryview:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import io
 import json
 import os
@@ -71,6 +72,7 @@ class Mount:
 
 
 _mounts: tuple[Mount, ...] = ()
+_hooked = False  # the exit and fork hooks are registered (once per process)
 
 
 def fanfs_open(file: Any, mode: str = "r", buffering: int = -1, encoding: str | None = None,
@@ -140,17 +142,27 @@ def _opened(view: MountView, rel: bytes, path: str, name: Any) -> StoreFile | Wh
     size = store.size_at(entry, at)
     view.count(1, size, 0)
     if size <= WHOLE:
-        return whole_file(store.read(entry, 0, size, at), name, path)
-    return StoreFile(store, entry, at, size, name, path)
+        return whole_file(store.read(entry, 0, size, at), name, path, view.inode(entry, at))
+    return StoreFile(store, entry, at, size, name, path, view.inode(entry, at))
 
 
 def install(mountpoints: list[str]) -> None:
     """Answer opens under ``mountpoints`` in this process from now on (and in the processes it forks)."""
-    global _mounts
+    global _mounts, _hooked
     _mounts = tuple(Mount(mountpoint) for mountpoint in mountpoints)
     builtins.open = io.open = fanfs_open
-    atexit.register(report)
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork)
+    if not _hooked:
+        atexit.register(report)
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork)
+        _hooked = True
+
+
+def uninstall() -> None:
+    """Every open goes through the mount again (what it read is said first, as at exit)."""
+    global _mounts
+    report()
+    builtins.open = io.open = _real_open
+    _mounts = ()
 
 
 def install_from_environment() -> bool:
@@ -203,10 +215,15 @@ _registered = False
 
 
 def _before_fork() -> None:
-    """Before the first fork by multiprocessing (a DataLoader's workers): have each child it starts report at its end.
+    """Before a fork (a DataLoader's workers, each epoch): the mounts' views opened here if they are not yet, so that
+    the children inherit them (the store's modules imported, the index mapped) instead of each opening its own at its
+    first file.  And before the first fork by multiprocessing: have each child it starts report at its end.
     multiprocessing ends a child without ``atexit``, having run its own finalizers, which it clears in the child first:
     so the report is registered there, by multiprocessing's own after-fork hook."""
     global _registered
+    for mount in _mounts:
+        with contextlib.suppress(Exception):  # the children open it themselves, or leave their opens to the mount
+            mount.view()
     util = sys.modules.get("multiprocessing.util")
     if util is not None and not _registered:
         util.register_after_fork(_REPORTER, lambda _: util.Finalize(None, report, exitpriority=0))

@@ -16,14 +16,14 @@ import select
 import threading
 import time
 
-from ..cluster.nodeview import node_reader
 from ..errors import FanfsError
 from ..records import Presentation
 from ..serve.control import request_with_fds
-from ..serve.shown import HEADER, ShownView
+from ..serve.shown import HEADER, ShownView, inode
 from ..store import Store
-from ..store.format import FILE, INDEX_NAME
+from ..store.format import FILE, INDEX_NAME, SHARD_DIR
 from ..store.index import Index
+from ..store.sources import LocalShards
 from ..store.trust import is_sealed
 
 CACHE_SIZE = 16 << 20
@@ -43,7 +43,7 @@ class MountView:
     """The mount at ``mountpoint`` (a real path), as this process reads it."""
 
     FILE = FILE
-
+    inode = staticmethod(inode)  # the mount's inode number of an entry at a view
     def __init__(self, mountpoint: str) -> None:
         answer, fds, pid = request_with_fds(mountpoint, {"cmd": "view"}, ASK_TIMEOUT, max_fds=2)
         try:
@@ -59,9 +59,13 @@ class MountView:
         index = Index(os.path.join(root, INDEX_NAME), data=index_memory, validated=True, checked=True)
         recipe = answer["recipe"]
         if recipe.get("kind") == "node":
-            self.store = node_reader(recipe["facts"], bytes.fromhex(recipe["key"]), index, CACHE_SIZE, mountpoint).store
+            from ..cluster.nodeview import node_reader  # a job node's peers, cache and staging: only on a job's node
+            key = bytes.fromhex(recipe["key"]) if recipe.get("key") else None
+            self.store = node_reader(recipe["facts"], key, index, CACHE_SIZE, mountpoint).store
         else:
-            self.store = Store(root, cache_size=CACHE_SIZE, index=index, check_shards=False)
+            shards = LocalShards(os.path.join(root, SHARD_DIR), bytes.fromhex(index.meta["store_id"]),
+                                 network=bool(recipe.get("network")))
+            self.store = Store(root, cache_size=CACHE_SIZE, index=index, sources=[shards], check_shards=False)
         self._daemon = _Liveness(pid)
         self._probed = 0.0  # when the daemon was last seen alive
         self._lock = threading.Lock()

@@ -37,13 +37,12 @@ from ..store import Store
 from ..store.format import DIR, FILE
 from . import lowlevel as ll
 from . import splice
-from .shown import Shown
+from .shown import VIEW_SHIFT, Shown
 from .workers import ServingProcesses
 
 log = logging.getLogger("fanfs")
 
 CACHE_SECONDS = 86400.0
-VIEW_SHIFT = 32
 ENTRY_MASK = (1 << VIEW_SHIFT) - 1
 SETTLE_SECONDS = 0.2
 """After a switch, names whose lookup was in flight are invalidated again once this long has passed."""

@@ -19,8 +19,9 @@ from ..store.trust import SealedMemory, sealed_copy
 from .control import FDS, Handler
 from .shown import Shown
 
-STORE_RECIPE = {"kind": "store"}
-"""A mount of a store's own shards."""
+def store_recipe(store: Store) -> dict[str, Any]:
+    """A mount of a store's own shards (and whether they lie on a network file system: the reader need not ask)."""
+    return {"kind": "store", "network": any(getattr(source, "deadline", None) is not None for source in store.sources)}
 
 
 def view_handler(store: Store, shown: Callable[[], Shown], mountpoint: str,
@@ -41,7 +42,7 @@ def view_handler(store: Store, shown: Callable[[], Shown], mountpoint: str,
 
     def view(message: dict[str, Any]) -> dict[str, Any]:
         return {"store": store.root, "store_id": store.meta["store_id"], "mountpoint": mountpoint,
-                "index_bytes": len(store.index.memory), "recipe": recipe() if recipe is not None else STORE_RECIPE,
+                "index_bytes": len(store.index.memory), "recipe": recipe() if recipe is not None else store_recipe(store),
                 FDS: [index_fd(), shown().fd]}
 
     return view

@@ -16,11 +16,18 @@ import time
 
 import numpy as np
 
-from ..records import Presentation
+from ..records import FULL, Presentation
 
+VIEW_SHIFT = 32
+"""A mount's inode number is ``view << VIEW_SHIFT | entry + 1`` (view 0: the whole file): see :mod:`.fusefs`."""
 _FIELDS = len(Presentation.NAMES)
 HEADER = 8 * (2 + _FIELDS)
 """Bytes before the names: the serving word, the generation, a value per setting (int64 each)."""
+
+
+def inode(entry: int, view: int) -> int:
+    """The inode number the mount gives ``entry`` presented at ``view`` (FULL, or a kind's view)."""
+    return (0 if view == FULL else view) << VIEW_SHIFT | (entry + 1)
 
 
 class ShownView:

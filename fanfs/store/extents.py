@@ -44,10 +44,10 @@ VERIFY_LOCKS = 64
 
 
 class _Stream:
-    __slots__ = ("fd", "source", "users")
+    __slots__ = ("fd", "source", "entry", "users")
 
-    def __init__(self, fd: int, source: int) -> None:
-        self.fd, self.source, self.users = fd, source, 0
+    def __init__(self, fd: int, source: int, entry: int) -> None:
+        self.fd, self.source, self.entry, self.users = fd, source, entry, 0
 
 
 class Located:
@@ -73,9 +73,14 @@ class ExtentPlaces:
         self._first, self._size, self._shard = memoryview(index.first), memoryview(index.size), memoryview(index.shard)
         self._offset, self._stored = memoryview(index.blob_offset), memoryview(index.blob_stored)
         self._checksum = memoryview(index.blob_checksum)
-        blobs = max(1, int(index.blob_offset.size))
-        self._memory = mmap.mmap(-1, blobs)  # shared with the serving processes forked after this
-        self._verified = memoryview(self._memory)  # per blob: 1 + the source it was checked in (0: not yet)
+        blobs, copies = max(1, int(index.blob_offset.size)), len(self._sources) * max(1, int(index.shard_size.size))
+        self._memory = mmap.mmap(-1, 8 * copies + blobs + len(self._sources))  # shared with the processes forked after
+        # per copy (source x shard): its identity (change time and size) when a chunk of it was verified (0: none yet)
+        self._changed = np.frombuffer(self._memory, np.int64, copies).reshape(len(self._sources), -1)
+        self._verified = memoryview(self._memory)[8 * copies:8 * copies + blobs]  # per blob: 1 + its source (0: none)
+        self._was_cut = memoryview(self._memory)[8 * copies + blobs:]  # per source: 1 once a copy of its changed
+        # sources written while they serve (a lazy cache's fills): their change time moves by design
+        self._filled = [bool(getattr(source, "written_while_serving", False)) for source in self._sources]
         self._streams: OrderedDict[int, _Stream] = OrderedDict()
         self._lock = threading.Lock()
         self._verifying: list[Any] | None = None  # a lock per chunk number modulo VERIFY_LOCKS, made at first use
@@ -118,8 +123,10 @@ class ExtentPlaces:
             stats.bytes_spliced += located.length
 
     def vouch(self, blob: int, source: int) -> None:
-        """The blob's bytes where ``source`` keeps them were just read and checked (by the copy path)."""
-        self._verified[blob] = source + 1
+        """The blob's bytes where ``source`` keeps them were just read and checked (by the copy path); not taken from a
+        source whose copy was seen cut: read while it is cut, a chunk may come back changed when it is whole again."""
+        if not self._was_cut[source]:
+            self._verified[blob] = source + 1
 
     def _place(self, entry: int, offset: int, end: int, wait: bool) -> tuple[_Stream, int, range] | None:
         """The stream and position of bytes ``[offset, end)`` in the first copy that holds them as one run, each chunk
@@ -133,7 +140,8 @@ class ExtentPlaces:
             return None
         position = start + offset % self._chunk
         try:
-            usable = self._checked(stream, start, blobs, wait) and self._covers(stream, position + end - offset)
+            usable = self._checked(stream, start, blobs, wait) and self._covers(stream, position + end - offset,
+                                                                                 self._shard[entry])
             if usable and not wait and not in_memory(stream.fd, position, end - offset):
                 raise WouldWait  # pages evicted since: the splice would read the disk
         except BaseException:
@@ -179,23 +187,30 @@ class ExtentPlaces:
         with self._lock:
             stream.users -= 1
 
-    def _covers(self, stream: _Stream, end: int) -> bool:
-        """Whether the copy still holds the bytes up to ``end``: a copy cut after its chunks were verified would be
-        spliced short, and the kernel takes a short reply for the file's end (it shrank the file for the rest of
-        the mount).  Every chunk verified in that copy is then verified again before it is spliced from it (a copy
-        cut may come back with other bytes, in any of its chunks); the copy path reads them meanwhile (another copy,
-        or EIO and a log line)."""
+    def _covers(self, stream: _Stream, end: int, shard: int) -> bool:
+        """Whether the copy still holds the bytes up to ``end``, unchanged since its chunks were verified: a copy cut
+        after its chunks were verified would be spliced short, and the kernel takes a short reply for the file's end
+        (it shrank the file for the rest of the mount); a copy written to since (its change time moved: ``cp`` or
+        ``rsync --inplace`` over it) may hold other bytes in any chunk (its change time and size are compared: two
+        writes in one tick of the kernel's coarse clock leave the time as it was).  Every chunk verified in that copy is then
+        verified again before it is spliced from it; the copy path reads them meanwhile (another copy, or EIO and a
+        log line).  A copy written while it serves (a lazy cache, filled as it is read) is judged by its size."""
         try:
-            if os.fstat(stream.fd).st_size >= end:
-                return True
+            st = os.fstat(stream.fd)
         except OSError:
-            pass
+            st = None
+        if st is not None and st.st_size >= end and (self._filled[stream.source] or
+                                                      self._changed[stream.source, shard] in (0, _identity(st))):
+            return True
         self._forget(stream.source)  # every chunk verified in this copy: it may come back changed
         return False
 
     def _forget(self, source: int) -> None:
-        """Every chunk verified in ``source``'s copy is to be verified again before it is served from there."""
-        verified = np.frombuffer(self._memory, np.uint8)
+        """Every chunk verified in ``source``'s copies is to be verified again before it is served from there, by a read
+        of its own (never on the word of the copy path: :meth:`vouch`)."""
+        self._was_cut[source] = 1
+        self._changed[source] = 0
+        verified = np.frombuffer(self._memory, np.uint8, len(self._verified), 8 * self._changed.size)
         verified[verified == source + 1] = 0
 
     def unreadable(self, located: Located, why: str) -> None:
@@ -249,6 +264,15 @@ class ExtentPlaces:
         if got != length or checksum(view) != self._checksum[blob]:
             self._sources[stream.source].rejected(blob)
             return False
+        try:  # the copy as it was when its chunk was checked: a change since is seen by _covers
+            changed = _identity(os.fstat(stream.fd))
+        except OSError:
+            return False
+        shard = self._shard[stream.entry]
+        if self._changed[stream.source, shard] == 0:
+            self._changed[stream.source, shard] = changed
+        elif self._changed[stream.source, shard] != changed:
+            return False
         self._verified[blob] = stream.source + 1
         self._stats.bytes_verified += length
         return True
@@ -276,7 +300,7 @@ class ExtentPlaces:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except OSError:
             pass
-        fresh = _Stream(fd, source)
+        fresh = _Stream(fd, source, entry)
         fresh.users = 1
         with self._lock:
             if entry in self._streams:  # another thread opened one meanwhile: this one serves this read, then goes
@@ -302,3 +326,8 @@ class ExtentPlaces:
             for stream in self._streams.values():
                 os.close(stream.fd)
             self._streams.clear()
+
+
+def _identity(st: os.stat_result) -> int:
+    """A copy's change time and size in one number (64 bits; 0 is never one): any write moves one or the other."""
+    return (st.st_ctime_ns ^ (st.st_size << 20) ^ st.st_size) & 0x7FFF_FFFF_FFFF_FFFF or 1

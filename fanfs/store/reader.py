@@ -55,8 +55,8 @@ class Store:
         node's placement and staged layers); by default every file's are, unless the store is on a network file
         system."""
         self.root = root
-        if not within(deadline_for(root), root, os.path.isdir, root):  # a stalled file system: Stalled, not a hang
-            raise StoreError(f"{root}: no such store directory")
+        if (index is None or sources is None) and not within(deadline_for(root), root, os.path.isdir, root):
+            raise StoreError(f"{root}: no such store directory")  # (a stalled file system: Stalled, not a hang)
         self.index = index if index is not None else Index(os.path.join(root, INDEX_NAME))
         meta = self.index.meta
         self.meta = meta

@@ -119,14 +119,16 @@ class LocalShards(ShardSource):
     from a stalled file would wait with no deadline.
     """
 
-    def __init__(self, directory: str, store_id: bytes, scattered: bool = False) -> None:
+    def __init__(self, directory: str, store_id: bytes, scattered: bool = False, network: bool | None = None) -> None:
+        """``network``: whether ``directory`` is on a network file system, where the caller knows (a mount tells its
+        in-process readers); None: its file system is asked (a ``statfs``, waited on for the store's timeout)."""
         self.directory = directory
         self.name = directory
         self._store_id = store_id
         self._scattered = scattered
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
-        self.deadline = deadline_for(directory)  # None on a local disk
+        self.deadline = None if network is False else deadline_for(directory)  # None on a local disk
         self._nowait = NoWaitReads()
 
     def path(self, shard: int) -> str:

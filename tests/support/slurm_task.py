@@ -7,11 +7,13 @@ the extra arguments exactly as received, the mount's fidelity and serving proces
 with ``--source``, that every file under the mount has the source's bytes; with ``--images``, that
 every JPEG that Pillow can open in the source decodes through the mount, at the source's size.  With ``--in-process``
 the source's files are read in-process instead (``fsspec.filesystem("fanfs", job=True)``: the job's nodes serve
-without a mount) and the report has the reader's requests to peers; and, read after the checks, a lazily staged node's cache figures.  Then sleeps and exits as asked (a long
+without a mount) and the report has the reader's requests to peers; ``run`` says whether it runs under 'fanfs run' (the
+job's default: ``open()`` is fanfs's in-process one); and, read after the checks, a lazily staged node's cache figures.  Then sleeps and exits as asked (a long
 training step to cancel, a failing one).
 """
 
 import argparse
+import builtins
 import json
 import os
 import subprocess
@@ -33,7 +35,8 @@ args = parser.parse_intermixed_args()
 
 node, task = os.environ["SLURMD_NODENAME"], os.environ["SLURM_PROCID"]
 report = {"node": node, "task": task, "mnt": args.mnt, "env_mnt": os.environ.get("FANFS_MNT"),
-          "extra": args.extra, "files": 0, "mismatches": [], "images": 0, "mounted": os.path.ismount(args.mnt)}
+          "extra": args.extra, "files": 0, "mismatches": [], "images": 0, "mounted": os.path.ismount(args.mnt),
+          "run": getattr(builtins.open, "__module__", "") == "fanfs.inproc.hook"}  # under 'fanfs run' (FANFS_RUN)
 stats = subprocess.run([sys.executable, "-m", "fanfs", "stats", args.mnt, "--json"], capture_output=True, text=True)
 served = json.loads(stats.stdout) if stats.returncode == 0 else {}
 report["fidelity"] = served.get("fidelity", stats.stderr)
@@ -75,6 +78,7 @@ if fs is not None:
     report["remote_requests"] = fs.stats()["remote_requests"]
 after = subprocess.run([sys.executable, "-m", "fanfs", "stats", args.mnt, "--json"], capture_output=True, text=True)
 report["cache"] = json.loads(after.stdout).get("cache") if after.returncode == 0 else None  # a lazily staged node's
+report["in_process_files"] = json.loads(after.stdout).get("in_process", {}).get("files") if after.returncode == 0 else None
 with open(os.path.join(args.out, f"{node}-{task}.json"), "w") as f:
     json.dump(report, f)
 time.sleep(args.sleep)
