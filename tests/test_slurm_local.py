@@ -9,7 +9,7 @@ start)"``.
 Issue 49: ``stop`` removed all it found in a marked directory, a job's output written there and a user's notes
 included, and a copy of a cluster's directory was a cluster (``cp -a``: "was not running", then the copy went);
 root's ``start`` killed every process of the host whose environment named a dead owner, whoever's.  Issue 50: root's
-cluster is every user's, each job running as its user; ``--help`` was plain text with reStructuredText in it.
+cluster is every user's, each job running as its user; ``--help`` printed reStructuredText.
 
 One cluster runs here, its whole life in one module fixture; the directory tests need none."""
 
@@ -136,17 +136,16 @@ def test_stop_empties_a_directory_start_was_lent_and_removes_one_it_made(short_d
     assert (lent.base.stat().st_mode & 0o777) == 0o700
 
 
-def made_by_a_cluster(base: Path) -> list[str]:
+def made_by_a_cluster(base: Path) -> None:
     """Write in ``base`` every file a cluster of one node makes there, by its names (tools/slurm_config.py and
-    slurm_local.py); returns them."""
-    files = [pattern.replace("*", "1") for pattern in (*local.SUPERVISOR_FILES[1:], *MADE_FILES)]
+    slurm_local.py)."""
+    files = [pattern.replace("*", "1") for pattern in (*local.SUPERVISOR_FILES, *MADE_FILES)]
     files += [f"{tree}/n1/state-{i}" for tree in DAEMON_TREES for i in range(2)]
     for name in files:
         (base / name).parent.mkdir(parents=True, exist_ok=True)
         (base / name).write_text("as the cluster writes it\n")
     for pattern in MADE_DIRS:
         (base / pattern.replace("*", "1")).mkdir(parents=True, exist_ok=True)
-    return files
 
 
 USERS_FILES = ["job.out", "log/job-7.out", "notes/todo.txt", "tmp/n1/results.txt"]
@@ -176,8 +175,28 @@ def test_stop_removes_only_what_start_made_and_keeps_the_rest_marked(short_dir, 
     shutil.rmtree(cluster.base / "notes")
     local.stop(cluster)
     assert capsys.readouterr().err == "slurm-local: was not running\n"
-    assert os.listdir(short_dir) == ([] if kind == "made" else ["d"]) and local.leaves(short_dir) == \
-        ([] if kind == "made" else ["d"])
+    assert local.leaves(short_dir) == ([] if kind == "made" else ["d"])     # the directory lent, empty
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_stop_keeps_a_mount_a_job_left_in_a_node_s_tmpdir_and_does_not_enter_it(short_dir, capsys):
+    """A job that died mounted leaves its mount point in its node's $TMPDIR: stop names it, goes no further, and
+    removes nothing through it."""
+    cluster = local.Cluster(short_dir / "d")
+    local.claim(cluster)
+    made_by_a_cluster(cluster.base)
+    mnt = cluster.base / "tmp" / "n1" / "fanfs-7-n1" / "mnt"
+    mnt.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(mnt)], check=True)
+    try:
+        (mnt / "train").mkdir()
+        (mnt / "train" / "0001.jpg").write_text("a store's file\n")
+        local.stop(cluster)
+        assert capsys.readouterr().err == \
+            f"slurm-local: was not running; kept what start did not make in {cluster.base}: tmp/n1/fanfs-7-n1/mnt\n"
+        assert (mnt / "train" / "0001.jpg").read_text() == "a store's file\n"
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_a_copy_of_a_cluster_s_directory_is_no_cluster(short_dir):
@@ -254,7 +273,7 @@ def test_waiting_for_a_job_s_tasks_ends():
 
 
 @pytest.fixture(scope="module")
-def life(tmp_path_factory, local_users):
+def life(local_users):
     """A cluster's life as the docs tell it, and what was seen of it: root's, hence every user's.  The line to eval;
     a process the user's shell then starts (an editor, say), which holds SLURM_CONF; a two-node job, its output
     written in the cluster's directory; jobs still running at ``stop``, one run from that same shell and one of

@@ -43,7 +43,8 @@ MARKS = {"made": "'tools/slurm-local start' made this directory ({}): 'tools/slu
                  "made in it, and it once nothing else is left\n",
          "lent": "'tools/slurm-local start' found this directory empty ({}): 'tools/slurm-local stop' removes what "
                  "start made in it\n"}
-SUPERVISOR_FILES = (MARKER, "supervisor.pid", "ready", "log/supervisor.log")
+SUPERVISOR_FILES = ("supervisor.pid", "ready", "log/supervisor.log")
+"""What ``start`` writes in the directory besides its marker and the cluster's files."""
 SHOWN = 3
 """Entries ``stop`` names of what it kept."""
 
@@ -164,7 +165,7 @@ def release(cluster: Cluster) -> list[str]:
     goes last, so that a ``stop`` that failed half-way can be run again."""
     base, made = cluster.base, cluster.mark() == "made"
     try:
-        for pattern in (*SUPERVISOR_FILES[1:], *MADE_FILES):
+        for pattern in (*SUPERVISOR_FILES, *MADE_FILES):
             for path in base.glob(pattern):
                 if path.is_symlink() or not path.is_dir():
                     path.unlink()
@@ -189,13 +190,16 @@ def release(cluster: Cluster) -> list[str]:
 
 
 def leaves(base: Path) -> list[str]:
-    """Files and empty directories under ``base`` (not its marker), relative, sorted; symlinks not followed."""
+    """Files, empty directories, symlinks and mount points under ``base`` (not its marker), relative, sorted:
+    neither a symlink nor another file system (a job's mount left behind) is entered."""
     found = []
     for root, dirs, files in os.walk(base):
         here = Path(root).relative_to(base)
         found += [str(here / name) for name in files if here / name != Path(MARKER)]
-        found += [str(here / name) for name in dirs if not os.listdir(Path(root) / name)
-                  or Path(root, name).is_symlink()]
+        ends = [name for name in dirs if os.path.islink(os.path.join(root, name))
+                or os.path.ismount(os.path.join(root, name)) or not os.listdir(os.path.join(root, name))]
+        found += [str(here / name) for name in ends]
+        dirs[:] = [name for name in dirs if name not in ends]
     return sorted(found)
 
 
