@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ sys.path[:0] = [str(TESTS), str(TOOLS), *(str(TOOLS / folder) for folder in ("su
 
 from fanfs_command import fanfs, mounted  # noqa: E402
 
-SLURM_MODULES = {"test_slurm", "test_slurm_pack", "test_time_limit", "test_slurm_local"}
+SLURM_MODULES = {"test_slurm", "test_slurm_pack", "test_slurm_users", "test_time_limit", "test_slurm_local"}
 """The modules that share the session's Slurm cluster and its time-limited job, and test_slurm_local, whose own
 one-host Slurm then never runs beside it (a two-node job timed out at 120 s while both ran at load 3-4)."""
 HEAVY_MODULES = tuple(f"tests/test_{name}.py" for name in ("select", "tiers", "format_fixtures", "cluster", "scan_presets",
@@ -161,14 +162,36 @@ def _isolated_runtime(runtime_dir):
 # --- a real Slurm (tools/slurm_cluster.py), for the job script's tests -----------------------------
 
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    """The session's cluster: started once (well under a second), always shut down with every job."""
+def slurm():
+    """The session's cluster: started once (well under a second), always shut down with every job.  As root it is
+    every local user's, as a real Slurm is (``slurm.submit(..., user="fanfs-alice")``: the job runs as that user),
+    in a directory of /tmp every user may reach, removed at the end."""
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         pytest.skip("needs Debian's slurmctld slurmd slurm-client munge (tools/setup --test installs them)")
     from slurm_cluster import slurm_cluster
     from support.slurm_jobs import NODES
-    with slurm_cluster(tmp_path_factory.mktemp("slurm"), nodes=NODES) as cluster:
-        yield cluster
+    shared = os.geteuid() == 0
+    base = Path(tempfile.mkdtemp(prefix="fanfs-test-slurm-", dir="/tmp"))
+    try:
+        base.chmod(0o755 if shared else 0o700)
+        with slurm_cluster(base, nodes=NODES, shared=shared) as cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def local_users():
+    """fanfs-alice and fanfs-bob, real users of this host that may run this interpreter and checkout
+    (tests/support/users.py: made once, left in place, harmless)."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("setfacl") is None:
+        pytest.skip("needs root, useradd and setfacl (tools/setup --test installs acl)")
+    from support.users import imports_fanfs, local_users
+    users = local_users()
+    for user in users:
+        done = imports_fanfs(user)
+        assert done.returncode == 0, f"{user.pw_name} cannot run {sys.executable} with this checkout: {done.stderr}"
+    return users
 
 
 @pytest.fixture(scope="session")
