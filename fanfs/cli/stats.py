@@ -7,11 +7,15 @@ import argparse
 from ..util.units import human_size
 from .args import print_json
 
+STATS_NEEDS = ("store", "workers", "reads", "reads_by_process", "errors", "bytes_presented", "bytes_stored_read",
+               "cache_hits", "cache_misses", "decode_seconds", "stored_by_layer")
+"""What every daemon's answer holds and the text reads (another fanfs's daemon may answer otherwise: one line)."""
+
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from ..records import Presentation, setting
     from ..serve.control import request
-    stats = request(args.mountpoint, {"cmd": "stats"})
+    stats = request(args.mountpoint, {"cmd": "stats"}, needs=(*STATS_NEEDS, *Presentation.NAMES))
     shown = Presentation({name: stats[name] for name in Presentation.NAMES}).describe()
     if args.json:  # settings as their options write them ("full", "4", "1/2"), not their codes (65535)
         for values in (stats, stats.get("staged", {})):
@@ -59,7 +63,7 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
                  "blobs read in parts; a file read whole is cached by the kernel, whose hits never reach fanfs)")
     lines.append(f"decode     {stats['decode_seconds']:.3f} s decompressing blobs")
     lines += [f"note       {note}" for note in stats.get("notes", [])]
-    if stats["stored_by_layer"] and stats["layered"]:  # a store of plain files has one layer: nothing to tell
+    if stats["stored_by_layer"] and stats.get("layered"):  # a store of plain files has one layer: nothing to tell
         lines.append("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"], 1)))
     if stats.get("stored_by_side_layer"):
         names = stats.get("side_names", [])

@@ -19,7 +19,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import FanfsError, UsageError
@@ -148,24 +148,34 @@ def _peer_uid(sock: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-    """Send one request to the daemon of ``mountpoint`` and return its JSON answer."""
+def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0,
+            needs: Iterable[str] = ()) -> dict[str, Any]:
+    """Send one request to the daemon of ``mountpoint`` and return its JSON answer, which holds ``needs`` (keys the
+    caller reads); one line (ControlError) for a daemon that ended before it answered, did not answer within
+    ``timeout`` seconds, or answered something else (another fanfs's daemon)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         _connect(sock, mountpoint)
         if _peer_uid(sock) != os.getuid():
             raise ControlError(f"the control socket of {mountpoint} is served by uid {_peer_uid(sock)}, not by you: "
                                "refusing to talk to it")
-        sock.sendall(json.dumps(message).encode() + b"\n")
-        data = _recv_line(sock)
+        try:
+            sock.sendall(json.dumps(message).encode() + b"\n")
+            data = _recv_line(sock)
+        except TimeoutError:
+            raise ControlError(f"the daemon of {mountpoint} did not answer within {timeout:g} s (its log: "
+                               f"{log_path(mountpoint)})") from None
+    if not data:
+        raise ControlError(f"the daemon of {mountpoint} ended before it answered (its log: {log_path(mountpoint)})")
     try:
-        answer = json.loads(data or b"{}")
+        answer = json.loads(data)
     except ValueError:
-        raise ControlError(f"the daemon of {mountpoint} sent a malformed answer") from None
-    if not isinstance(answer, dict):
-        raise ControlError(f"the daemon of {mountpoint} sent a malformed answer")
-    if "error" in answer:
+        answer = None
+    if isinstance(answer, dict) and "error" in answer:
         raise ControlError(str(answer["error"]))
+    if not isinstance(answer, dict) or not all(key in answer for key in needs):
+        raise ControlError(f"the daemon of {mountpoint} sent an answer this fanfs cannot read (is it another "
+                           f"version's? 'fanfs umount {mountpoint}' and mount again)")
     return answer
 
 

@@ -387,7 +387,7 @@ def wait_ready(mountpoint: str, timeout: float) -> dict:
     while True:
         try:
             if os.path.ismount(mountpoint):
-                return control.request(mountpoint, {"cmd": "status"}, timeout=5)
+                return control.request(mountpoint, {"cmd": "status"}, timeout=5, needs=("store", "pid"))
         except control.DaemonEnded:
             raise
         except control.ControlError:
