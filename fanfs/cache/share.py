@@ -30,7 +30,7 @@ from ..peers.world import World
 from ..util.runtime import private_dir
 from .follow import OrderFollower
 from .lazy import FirstHolderFirst, LazyShare, cached_is_local, lazy_share
-from .order import order_command
+from .order import Stream, order_command
 from .pagecache import PageCacheAhead
 from .prefetch import Prefetcher
 from .stage import LOCAL_DIR_REMEDY, StagedShare, held_parts, stage, staged_presentation, staged_share
@@ -171,6 +171,6 @@ def store_hooks(presentation: Presentation, mountpoint: str, budget: int) -> Cal
     return lambda store: CacheHooks(store, presentation, mountpoint, budget).hooks()
 
 
-def _no_budget(stream: str, entries: np.ndarray) -> None:
+def _no_budget(name: str, stream: Stream) -> None:
     raise ValueError("this mount reads nothing ahead: its --prefetch budget is 0 (mount with --prefetch SIZE, e.g. "
                      "512M, to read the order's next files ahead)")

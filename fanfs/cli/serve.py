@@ -278,11 +278,13 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("mountpoint", help="a running fanfs mount")
     add_presentation_options(p, default=None)
     p.add_argument("--order", metavar="FILE", help="the paths the readers of this mount will open, one per line in their "
-                   "order, an empty line between epochs (relative to the mount, or under it); the mount then reads the "
-                   "next files ahead of them, within its --prefetch budget (into the page cache; a --stage lazy node "
-                   "fetches them from peers or the shared store into its cache)")
+                   "order, an empty line between epochs (relative to the mount, or under it; at most 4 GiB, read a "
+                   "piece at a time); the mount then reads the next files ahead of them, within its --prefetch budget "
+                   "(into the page cache; a --stage lazy node fetches them from peers or the shared store into its "
+                   "cache)")
     p.add_argument("--stream", default="ctl", metavar="NAME", help="with --order: whose order it is (one per reader "
-                   "process of the node that tells its own; a new order of the same name replaces it; default ctl)")
+                   "process of the node that tells its own; a new order of the same name replaces it, and past 64 "
+                   "names the one told least recently goes; default ctl)")
 
     p = command("fidelity", cmd_fidelity, "measure bytes, SSIM/MS-SSIM and decode speed per fidelity K on sampled "
                 "JPEG records")

@@ -208,10 +208,49 @@ def _recv_line(sock: socket.socket) -> bytes:
     return data
 
 
+class Background:
+    """A handler that may take long (it reads a file the request names, of any size): answered on a thread of its own,
+    :data:`BACKGROUND` at most at once, so that the control socket answers every other request meanwhile."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    def __call__(self, message: dict[str, Any]) -> dict[str, Any]:
+        return self.handler(message)
+
+
+BACKGROUND = 4
+"""Requests of :class:`Background` handlers answered at once; one more is refused, in one line."""
+
+
+def _answer(conn: socket.socket, handler: Handler, message: dict[str, Any], done: Callable[[], None] | None = None
+            ) -> None:
+    """Answer ``message`` with ``handler``'s answer or error (then ``done()``), and close the connection."""
+    try:
+        answer = handler(message)
+    except (ValueError, FanfsError, OSError) as err:
+        answer = {"error": str(err)}
+    except Exception as err:  # a bad request must not take the daemon down
+        answer = {"error": f"{type(err).__name__}: {err}"}
+    finally:
+        if done is not None:
+            done()
+    _send(conn, answer)
+
+
+def _send(conn: socket.socket, answer: dict[str, Any]) -> None:
+    """Send an answer, and close the connection (a client gone meanwhile is no error)."""
+    with conn:
+        try:
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+        except OSError:
+            pass
+
+
 class ControlServer:
     """Serves ``{"cmd": name, ...}`` requests with the given handlers on a daemon thread, once started (the
     socket is bound at once, before the mount: afterwards resolving the mount point's path would ask the
-    very daemon that is not yet answering).
+    very daemon that is not yet answering).  One request at a time, but those of a :class:`Background` handler.
 
     A handler raises ValueError (or a FanfsError) for a request it refuses; the client gets its message.
     """
@@ -219,6 +258,7 @@ class ControlServer:
     def __init__(self, mountpoint: str, handlers: dict[str, Handler]) -> None:
         self.path = socket_path(mountpoint)
         self.handlers = handlers
+        self._background = threading.BoundedSemaphore(BACKGROUND)
         if os.path.lexists(self.path):
             os.unlink(self.path)  # left by a daemon that was killed: this mount point's lock is ours now
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -237,26 +277,32 @@ class ControlServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            with conn:
-                try:
-                    conn.settimeout(10)
-                    if _peer_uid(conn) != os.getuid():
-                        raise ValueError("not your mount")
-                    message = json.loads(_recv_line(conn))
-                    if not isinstance(message, dict):
-                        raise ValueError("a request is a JSON object")
-                    handler = self.handlers.get(message.get("cmd"))
-                    if handler is None:
-                        raise ValueError(f"unknown command {message.get('cmd')!r}")
-                    answer = handler(message)
-                except (ValueError, FanfsError, OSError) as err:
-                    answer = {"error": str(err)}
-                except Exception as err:  # a bad request must not take the daemon down
-                    answer = {"error": f"{type(err).__name__}: {err}"}
-                try:
-                    conn.sendall(json.dumps(answer).encode() + b"\n")
-                except OSError:
-                    pass
+            try:
+                handler, message = self._read(conn)
+            except (ValueError, FanfsError, OSError) as err:
+                _send(conn, {"error": str(err)})
+                continue
+            if not isinstance(handler, Background):
+                _answer(conn, handler, message)
+            elif self._background.acquire(blocking=False):
+                threading.Thread(target=_answer, args=(conn, handler, message, self._background.release),
+                                 name="fanfs-control-background", daemon=True).start()
+            else:
+                _send(conn, {"error": f"{BACKGROUND} requests like this one are being answered: try again once one "
+                                      "is"})
+
+    def _read(self, conn: socket.socket) -> tuple[Handler, dict[str, Any]]:
+        """A request's handler and message; ValueError if it is none (or not this user's)."""
+        conn.settimeout(10)
+        if _peer_uid(conn) != os.getuid():
+            raise ValueError("not your mount")
+        message = json.loads(_recv_line(conn))
+        if not isinstance(message, dict):
+            raise ValueError("a request is a JSON object")
+        handler = self.handlers.get(message.get("cmd"))
+        if handler is None:
+            raise ValueError(f"unknown command {message.get('cmd')!r}")
+        return handler, message
 
     def close(self) -> None:
         try:

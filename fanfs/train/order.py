@@ -1,12 +1,13 @@
-"""A sampler that tells the mount the order it will read in, so that a lazily staged node fetches ahead of it.
+"""A sampler that tells the mount the order it will read in, so that the mount reads ahead of it.
 
 A training's order is known before it reads: a seeded shuffle per epoch.  :class:`OrderSampler` wraps the sampler
 a ``DataLoader`` would use (``DistributedSampler`` for a job of several ranks; by default a seeded shuffle of the
 whole dataset) and, as each epoch begins, gives the mount the paths of that epoch and, where the sampler can say it
-(``set_epoch``), of the next, through the mount's control socket (``fanfs ctl --order`` takes the same file).  The
-node then fetches the blobs of the next files from its peers or the shared store before the loader's workers open
-them (:mod:`fanfs.cache.prefetch`).  The indices it yields are the wrapped sampler's, unchanged; if the mount
-cannot take the order (not a lazily staged mount, or gone), training goes on, with one warning.
+(``set_epoch``), of the next, through the mount's control socket (``fanfs ctl --order`` takes the same file).  Every
+mount then reads the next files ahead of the loader's workers (:mod:`fanfs.cache.follow`): a mount on a store or on a
+node's staged copies into the page cache, within its ``--prefetch`` budget; a lazily staged node into its cache, from
+its peers or the shared store.  The indices it yields are the wrapped sampler's, unchanged; if the mount cannot take
+the order (``--prefetch 0``, or gone), training goes on, with one warning.
 """
 
 from __future__ import annotations
@@ -90,10 +91,12 @@ class OrderSampler:
         path = os.path.join(runtime_dir(), f"order-{os.getpid()}-{id(self):x}")
         fd = create_private(path)
         try:
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(fd, "wb") as f:  # a path at a time (an epoch of ImageNet-22k's is 1.2 GB)
                 for epoch in epochs:
-                    f.write(b"".join(os.fsencode(self.path_of(i)) + b"\n" for i in epoch) + b"\n")
-            return request(self.mountpoint, {"cmd": "order", "path": path, "stream": self.stream}, timeout=600)
+                    f.writelines(os.fsencode(self.path_of(i)) + b"\n" for i in epoch)
+                    f.write(b"\n")
+            return request(self.mountpoint, {"cmd": "order", "path": path, "stream": self.stream}, timeout=600,
+                           needs=("files",))
         except (FanfsError, OSError) as err:
             self._quiet = True
             log.warning("fanfs: %s did not take the order of the coming reads (%s): reading on without fetching "
