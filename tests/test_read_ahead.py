@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -256,6 +257,43 @@ def test_an_order_of_a_million_paths_costs_a_few_mb_and_the_mount_answers_while_
         assert walked["streams"]["ctl"]["position"] < 1_000_000, walked  # the walk over files in memory goes on
         assert walked["in_memory"] > 0
         assert _memory(pid, "VmHWM") - before < 32 << 20, (before, _memory(pid, "VmHWM"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("strace"), reason="needs root and strace to watch a daemon")
+def test_the_read_ahead_ends_before_the_store_closes(many_shards, tmp_path, mount):
+    """Issue 49: a plain mount's read-ahead was never stopped: its thread outlived ``store.close()`` and went on asking
+    the kernel about the shards' descriptors, closed or already reused by files the ending daemon opened.  Waiting for
+    its budget, it asks about its next file every 10 ms; the daemon's last steps are slowed (strace delays its
+    unlinks by 0.3 s) and strace sees no call of it on a shard's descriptor once the store closed that."""
+    _, store, names = many_shards
+    (tmp_path / "order").write_text("\n".join(names) + "\n")
+    trace, tracer = tmp_path / "strace", None
+    try:
+        with mount(store, "--prefetch", str(5 * 20_000 + 1000)) as mnt:
+            _evict(store)
+            fanfs("ctl", mnt, "--order", tmp_path / "order")
+            assert _settled(mnt)["waiting"] == "budget"
+            pid = _daemon(mnt)
+            shards = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")
+                      if "/shards/" in os.readlink(f"/proc/{pid}/fd/{fd}")}
+            tracer = subprocess.Popen(["strace", "-f", "-p", str(pid), "-o", str(trace),
+                                       "-e", "inject=/^unlink(at)?$:delay_enter=300000"], stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 30
+            while any(Path(f"/proc/{pid}/task/{task}/status").read_text().count(f"TracerPid:\t{tracer.pid}\n") == 0
+                      for task in os.listdir(f"/proc/{pid}/task")) and time.monotonic() < deadline:
+                time.sleep(0.05)  # every thread of the daemon traced
+        tracer.wait(timeout=60)  # it ends with the daemon
+    finally:
+        if tracer is not None and tracer.poll() is None:
+            tracer.kill()
+            tracer.wait()
+    lines = trace.read_text().splitlines()
+    for fd in shards:
+        closed = next(i for i, line in enumerate(lines) if re.search(rf"\bclose\({fd}\b", line))
+        late = [line for line in lines[closed:]
+                if re.search(rf"\b(cachestat|syscall_0x1c3|preadv2|fadvise64)\(({fd}|{fd:#x}),|\bmmap\((.*?, ){{4}}{fd},",
+                             line)]
+        assert not late, late[:3]
 
 
 @pytest.mark.parametrize("piece", [32, 100, 4096, order_module.PIECE])

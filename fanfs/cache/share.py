@@ -158,12 +158,14 @@ class CacheHooks:
             self.follower.presentation = presentation
 
     def close(self) -> None:
+        """The mount has ended: its read-ahead stops (before the store closes: it uses the store's descriptors)."""
         if self.follower is not None:
             self.follower.close()
 
     def hooks(self) -> Hooks:
         """What a mount alone adds (a job's node adds its peers' too)."""
-        return Hooks(counters=self.counters, commands=self.commands, extra_stats=self.stats, on_present=self.present)
+        return Hooks(counters=self.counters, commands=self.commands, extra_stats=self.stats, on_present=self.present,
+                     close=self.close)
 
 
 def store_hooks(presentation: Presentation, mountpoint: str, budget: int) -> Callable[[Store], Hooks]:

@@ -170,7 +170,7 @@ def serve_job(plan: Plan, mountpoint: str, end: PeerEnd, lock: MountLock) -> Non
         return {**client.counters(), **cache.counters()}
 
     hooks = Hooks(on_ready=ready, serving=server.start, counters=counters, extra_stats=stats, commands=cache.commands,
-                  on_present=cache.present)
+                  on_present=cache.present, close=cache.close)
     try:
         if wake is not None:
             _serve_without_mount(plan, node, mountpoint, end, hooks, wake)
@@ -189,7 +189,8 @@ def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, end: PeerE
     """Serve peers, and publish the node's view in ``directory``, until a stop signal or a peer's BYE (either
     writes to the pipe ``wake``); ``fanfs stats DIRECTORY`` answers meanwhile (with the node's own reads:
     none, its in-process readers count theirs), and the hooks' commands (a lazily staged node's orders)."""
-    assert hooks.on_ready is not None and hooks.extra_stats is not None and hooks.counters is not None
+    assert hooks.on_ready is not None and hooks.extra_stats is not None and hooks.counters is not None \
+        and hooks.close is not None
     server: PeerServer | None = end.server
     assert server is not None
     wake_r, wake_w = wake
@@ -223,4 +224,5 @@ def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, end: PeerE
     finally:
         withdraw(directory)
         control.close()
+        hooks.close()  # its read-ahead, before the store it reads
         store.close()

@@ -68,6 +68,8 @@ class Hooks:
     """More requests the control socket answers (a lazily staged node: "order")."""
     on_present: Callable[[Presentation], None] | None = None
     """The presentation was switched (in the control thread, once the switch is done)."""
+    close: Callable[[], None] | None = None
+    """The mount has ended: stop what reads the store (a read-ahead's threads), before it closes."""
 
 
 def check_mountpoint(mountpoint: str, store_root: str, local_dir: str | None = None) -> None:
@@ -265,6 +267,8 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
             log.info("stopped by signal %d (%s)", ended_by, signal.Signals(ended_by).name)
     finally:
         server.close()
+        if hooks.close is not None:
+            hooks.close()
         store.close()
         log.info("unmounted %s", mountpoint)
 
