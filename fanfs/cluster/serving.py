@@ -189,8 +189,7 @@ def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, end: PeerE
     """Serve peers, and publish the node's view in ``directory``, until a stop signal or a peer's BYE (either
     writes to the pipe ``wake``); ``fanfs stats DIRECTORY`` answers meanwhile (with the node's own reads:
     none, its in-process readers count theirs), and the hooks' commands (a lazily staged node's orders)."""
-    assert hooks.on_ready is not None and hooks.extra_stats is not None and hooks.counters is not None \
-        and hooks.close is not None
+    assert hooks.on_ready is not None and hooks.extra_stats is not None and hooks.counters is not None
     server: PeerServer | None = end.server
     assert server is not None
     wake_r, wake_w = wake

@@ -68,7 +68,7 @@ class Hooks:
     """More requests the control socket answers (a lazily staged node: "order")."""
     on_present: Callable[[Presentation], None] | None = None
     """The presentation was switched (in the control thread, once the switch is done)."""
-    close: Callable[[], None] | None = None
+    close: Callable[[], None] = lambda: None
     """The mount has ended: stop what reads the store (a read-ahead's threads), before it closes."""
 
 
@@ -267,8 +267,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
             log.info("stopped by signal %d (%s)", ended_by, signal.Signals(ended_by).name)
     finally:
         server.close()
-        if hooks.close is not None:
-            hooks.close()
+        hooks.close()
         store.close()
         log.info("unmounted %s", mountpoint)
 
