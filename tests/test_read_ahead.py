@@ -24,7 +24,7 @@ from fanfs.cache import order as order_module
 from fanfs.errors import FanfsError
 from fanfs.serve.control import request
 from fanfs.store import Store
-from fanfs.train import ShardShuffleSampler, shard_aware_order
+from fanfs.train import ShardShuffle, ShardShuffleSampler, shard_aware_order
 
 FILES = 120
 
@@ -148,11 +148,15 @@ def test_a_plain_user_s_mount_of_another_user_s_store_reads_ahead_on_an_old_kern
 
 
 def test_an_order_of_no_store_file_and_a_budget_of_zero_are_one_line(many_shards, tmp_path, mount):
+    """Issue 49: an empty order said "none of the order's 0 paths is a file of the store (e.g. None)"."""
     _, store, _ = many_shards
-    (tmp_path / "order").write_text("not/here\nnor/this\n")
     with mount(store) as mnt:
-        done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
-        assert done.returncode == 1 and done.stderr.count("\n") == 1 and "none of the order's 2 paths" in done.stderr
+        for text, says in (("not/here\nnor/this\n", "none of the order's 2 paths"), ("", "holds no paths"),
+                           ("\n\n", "holds no paths")):
+            (tmp_path / "order").write_text(text)
+            done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
+            assert done.returncode == 1 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+            assert "None" not in done.stderr
     (tmp_path / "order").write_text("c0/f000.bin\n")
     with mount(store, "--prefetch", "0") as mnt:
         done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
@@ -170,6 +174,8 @@ def test_a_shard_aware_order_reads_each_window_s_shards_together():
         assert all(len(group) == window for group in groups[:-1])  # a window's files are its shards', together
     with pytest.raises(ValueError, match="window"):
         shard_aware_order(shards, 0, rng)
+    with pytest.raises(ValueError, match="seed must be a whole number, 0 or more, not -1"):  # issue 49: NumPy's words
+        ShardShuffle(shards, seed=-1)
 
 
 def test_the_shard_aware_sampler_visits_every_file_once_an_epoch_and_tells_the_mount(many_shards, mount):
