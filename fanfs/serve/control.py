@@ -228,14 +228,17 @@ def _answer(conn: socket.socket, handler: Handler, message: dict[str, Any], done
     """Answer ``message`` with ``handler``'s answer or error (then ``done()``), and close the connection."""
     try:
         answer = handler(message)
-    except (ValueError, FanfsError, OSError) as err:
-        answer = {"error": str(err)}
     except Exception as err:  # a bad request must not take the daemon down
-        answer = {"error": f"{type(err).__name__}: {err}"}
+        answer = _refusal(err)
     finally:
         if done is not None:
             done()
     _send(conn, answer)
+
+
+def _refusal(err: Exception) -> dict[str, Any]:
+    """The answer to a request refused (ValueError, FanfsError, OSError: their message) or failed (any other)."""
+    return {"error": str(err) if isinstance(err, (ValueError, FanfsError, OSError)) else f"{type(err).__name__}: {err}"}
 
 
 def _send(conn: socket.socket, answer: dict[str, Any]) -> None:
@@ -279,8 +282,8 @@ class ControlServer:
                 return
             try:
                 handler, message = self._read(conn)
-            except (ValueError, FanfsError, OSError) as err:
-                _send(conn, {"error": str(err)})
+            except Exception as err:  # a JSON nested 30,000 deep too: the control thread lives on
+                _send(conn, _refusal(err))
                 continue
             if not isinstance(handler, Background):
                 _answer(conn, handler, message)
