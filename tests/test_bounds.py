@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from fanfs_command import FANFS, fanfs
 
+from fanfs.cli.args import seconds, seconds_or_zero
 from fanfs.cli.main import build_parser
 from fanfs.serve.control import socket_path
 from fanfs.store.format import _INDEX_HEAD, INDEX_MAGIC
@@ -39,7 +41,17 @@ DURATIONS = {
     ("stage", "S", "L", "--store-timeout"): True, ("wait", "M", "--timeout"): False,
     ("select", "SRC", "--timing"): False,
 }
-"""Every option of the command line that takes a duration, and whether 0 is one (for ever)."""
+"""Every option of the command line that takes a duration (its metavar SECONDS), and whether 0 is one (for ever)."""
+
+
+def _seconds_options(parser: argparse.ArgumentParser, command: tuple[str, ...] = ()):
+    """(command, option, type) of each option of ``parser`` and its subcommands whose value is seconds."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _seconds_options(sub, (*command, name))
+        elif action.metavar == "SECONDS" or action.type in (seconds, seconds_or_zero):
+            yield command, action.option_strings[0], action.type
 
 
 def test_every_duration_option_takes_seconds_above_0_and_up_to_a_year(capsys):
@@ -47,6 +59,9 @@ def test_every_duration_option_takes_seconds_above_0_and_up_to_a_year(capsys):
     log); ``wait --timeout nan`` never returned; ``--store-timeout 1e10`` was an OverflowError.  One parser now: a bad
     value is argparse's one line and exit 2."""
     parser = build_parser()
+    found = {(command, option): kind for command, option, kind in _seconds_options(parser)}
+    assert found == {(tuple(args[:1]), option): seconds_or_zero if zero else seconds
+                     for (*args, option), zero in DURATIONS.items()}
     for (*args, option), zero in DURATIONS.items():
         for value in (*BAD_SECONDS, *(() if zero else ("0",))):
             with pytest.raises(SystemExit) as exit:
