@@ -11,6 +11,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -131,13 +132,17 @@ def test_a_daemon_that_ends_before_it_answers_or_answers_otherwise_is_one_line(t
             assert says in done.stderr or args[0] == "wait", (args, done.stderr)
 
 
-def _info(store: Path, err: Path) -> tuple[int, str, int]:
+PEAK = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(done.returncode)")
+"""Runs a command and prints the most memory it held (KiB): started from this small process, not from the test's,
+whose memory a child's peak would count from before its ``exec``."""
+
+
+def _info(store: Path) -> tuple[int, str, int]:
     """``fanfs info STORE``: its exit status, what it said on stderr and the most memory it held (bytes)."""
-    with open(err, "w") as stderr:
-        process = subprocess.Popen([*FANFS, "info", str(store)], stdout=subprocess.DEVNULL, stderr=stderr)
-        _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, err.read_text(), usage.ru_maxrss << 10
+    done = subprocess.run([sys.executable, "-c", PEAK, *FANFS, "info", str(store)], capture_output=True, text=True,
+                          timeout=300)
+    return done.returncode, done.stderr, int(done.stdout.split()[-1]) << 10
 
 
 def _index_laying_out(store: Path, nbytes: int) -> None:
@@ -167,7 +172,7 @@ def test_an_index_is_refused_by_its_head_before_the_rest_is_read(store, tmp_path
                 f.write(struct.pack("<8s", b"NOTFANFS"))
         elif case == "huge":
             _index_laying_out(copy, 2 * memory)
-        code, said, held = _info(copy, tmp_path / "err")
+        code, said, held = _info(copy)
         assert code == 1 and said.count("\n") == 1, (case, said)
         assert said.startswith(f"fanfs: error: {copy / 'index'}: ") and says in said, (case, said)
         assert held < 512 << 20, (case, held)
