@@ -137,7 +137,7 @@ def test_a_quarter_of_the_share_with_the_order_known(photos, tmp_path):  # noqa:
         assert ahead["files"] > 0 and ahead["failed"] == 0 and cache["held_bytes"] <= capacity
         assert cache["hit_blobs"] > 0
     assert sum(s["prefetch"]["from_peers"] for s in stats) > 0 and sum(s["prefetch"]["from_shared"] for s in stats) > 0
-    assert "files read ahead of the readers" in text
+    assert "files fetched ahead of the readers" in text
 
 
 def test_a_node_without_a_mount_fills_its_cache_for_in_process_readers(photos, tmp_path):  # noqa: F811

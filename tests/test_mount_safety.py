@@ -65,7 +65,7 @@ def test_control_messages_are_validated_like_the_command_line(stores, mount, val
 def test_malformed_control_requests_get_an_error_and_the_daemon_lives_on(stores, mount):
     with mount(stores / "records") as mnt:
         for raw in (b"not json\n", b"[1, 2]\n", b'{"cmd": "nosuch"}\n', b'{"cmd": "present", "shape": 1}\n',
-                    b"x" * 70000 + b"\n"):
+                    b"x" * 70000 + b"\n", b"[" * 60000 + b"\n", b'{"cmd": "order", "path": "/dev/zero"}\n'):
             with socket.socket(socket.AF_UNIX) as sock:
                 sock.connect(socket_path(mnt))
                 sock.sendall(raw)

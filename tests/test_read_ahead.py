@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -18,9 +20,11 @@ from fanfs_command import fanfs
 from support.inject import KERNELS, old_kernel
 from support.nobody import RUN_AS_NOBODY
 
+from fanfs.cache import order as order_module
 from fanfs.errors import FanfsError
+from fanfs.serve.control import request
 from fanfs.store import Store
-from fanfs.train import ShardShuffleSampler, shard_aware_order
+from fanfs.train import ShardShuffle, ShardShuffleSampler, shard_aware_order
 from fanfs.util.units import human_size
 
 FILES = 120
@@ -56,13 +60,16 @@ def _stats(mnt: Path) -> dict:
     return json.loads(fanfs("stats", mnt, "--json").stdout)
 
 
-def _settled(mnt: Path) -> dict:
-    """The read-ahead's figures once they stop changing (nobody reads: it stops at its budget)."""
-    deadline, last = time.monotonic() + 60, None
-    while (now := _stats(mnt)["prefetch"]) != last and time.monotonic() < deadline:
-        last = now
-        time.sleep(0.3)
-    return now
+def _settled(mnt: Path, past: int = 0) -> dict:
+    """The read-ahead's figures once it waits (for the readers, its budget full, or at its order's end: nobody reads)
+    with its stream past position ``past``: a state it says in its stats, whatever the machine's pace."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ahead = _stats(mnt)["prefetch"]
+        if ahead["waiting"] and ahead["streams"]["ctl"]["position"] > past:
+            return ahead
+        time.sleep(0.05)
+    raise AssertionError(f"the read-ahead never waited past position {past}: {ahead}")
 
 
 WAYS = {"6.5+": "cachestat", "4.18-6.4": "mincore", "no mincore": "probe"}
@@ -92,10 +99,11 @@ def test_a_mount_on_a_store_reads_an_order_ahead_within_its_budget(many_shards, 
             assert (mnt / name).read_bytes() == (src / name).read_bytes()
             if i % 10 == 9:
                 assert _stats(mnt)["prefetch"]["ahead_bytes"] <= budget
-        ahead = _settled(mnt)
-        assert ahead["ahead_bytes"] <= budget and ahead["streams"]["ctl"]["position"] > 40, ahead
+        ahead = _settled(mnt, past=40)
+        assert ahead["ahead_bytes"] <= budget, ahead
         lines = fanfs("stats", mnt).stdout
-        assert "files read ahead of the readers" in lines and "requests" in lines
+        assert "files asked of the kernel ahead of the readers" in lines and "; waiting for " in lines, lines
+        assert "requests" in lines
         answers = _stats(mnt)["page_cache_answers"]
         assert answers[WAYS[kernel]] > 0 and sum(answers.values()) == answers[WAYS[kernel]], answers
         assert f"by {WAYS[kernel]}" in lines
@@ -141,11 +149,15 @@ def test_a_plain_user_s_mount_of_another_user_s_store_reads_ahead_on_an_old_kern
 
 
 def test_an_order_of_no_store_file_and_a_budget_of_zero_are_one_line(many_shards, tmp_path, mount):
+    """Issue 49: an empty order said "none of the order's 0 paths is a file of the store (e.g. None)"."""
     _, store, _ = many_shards
-    (tmp_path / "order").write_text("not/here\nnor/this\n")
     with mount(store) as mnt:
-        done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
-        assert done.returncode == 1 and done.stderr.count("\n") == 1 and "none of the order's 2 paths" in done.stderr
+        for text, says in (("not/here\nnor/this\n", "none of the order's 2 paths"), ("", "holds no paths"),
+                           ("\n\n", "holds no paths")):
+            (tmp_path / "order").write_text(text)
+            done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
+            assert done.returncode == 1 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+            assert "None" not in done.stderr
     (tmp_path / "order").write_text("c0/f000.bin\n")
     with mount(store, "--prefetch", "0") as mnt:
         done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
@@ -163,6 +175,8 @@ def test_a_shard_aware_order_reads_each_window_s_shards_together():
         assert all(len(group) == window for group in groups[:-1])  # a window's files are its shards', together
     with pytest.raises(ValueError, match="window"):
         shard_aware_order(shards, 0, rng)
+    with pytest.raises(ValueError, match="seed must be a whole number, 0 or more, not -1"):  # issue 49: NumPy's words
+        ShardShuffle(shards, seed=-1)
 
 
 def test_the_shard_aware_sampler_visits_every_file_once_an_epoch_and_tells_the_mount(many_shards, mount):
@@ -216,3 +230,131 @@ def test_the_shard_aware_sampler_s_window_is_what_the_mount_s_read_ahead_budget_
         assert ShardShuffleSampler([str(mnt / name) for name in names], window=1, mountpoint=mnt).budget == 0
         assert ShardShuffleSampler([str(mnt / name) for name in names], mountpoint=mnt).window == 1
         assert not any("window" in r.getMessage() for r in caplog.records)
+
+
+def _daemon(mnt: Path) -> int:
+    return request(str(mnt), {"cmd": "status"})["pid"]
+
+
+def _memory(pid: int, field: str) -> int:
+    """A process's ``VmRSS`` or ``VmHWM`` (its most since the last reset), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(f"{field}:"))
+
+
+@pytest.fixture(scope="module")
+def wide_store(tmp_path_factory):
+    """2,000 files of 100 bytes, in memory (just packed): an order of 500 epochs is a million paths."""
+    base = tmp_path_factory.mktemp("wide")
+    for i in range(2_000):
+        path = base / "src" / f"d{i % 20:02d}" / f"f{i:05d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(i.to_bytes(4, "little") * 25)
+    fanfs("pack", base / "src", base / "store", "--quiet")
+    names = sorted(str(p.relative_to(base / "src")).encode() for p in (base / "src").rglob("*.bin"))
+    return base / "store", names
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="resets the daemon's peak memory (/proc/PID/clear_refs): needs root")
+def test_an_order_of_a_million_paths_costs_a_few_mb_and_the_mount_answers_while_it_is_read(wide_store, tmp_path,
+                                                                                           mount):
+    """Issue 49: an order cost the daemon ~85 bytes a line and was parsed on the control socket's thread (20 M lines:
+    160 s, +1,620 MiB, and ``fanfs stats`` timed out meanwhile), and the read-ahead held its lock while it walked
+    files in memory already (24 s after 3 M lines of warm files).  Now the order's file is read a piece at a time,
+    counted on a thread of its own, and the lock is held for one file's bookkeeping at a time: ``stats`` answers while
+    the order is still counted, and while its walk goes on, as does another order."""
+    store, names = wide_store
+    order = tmp_path / "order"
+    rng = np.random.default_rng(49)
+    with open(order, "wb") as f:
+        for _ in range(500):
+            f.write(b"\n".join(np.array(names, dtype=object)[rng.permutation(len(names))]) + b"\n\n")
+    (tmp_path / "small").write_text("d00/f00000.bin\n")
+    with mount(store) as mnt:
+        pid = _daemon(mnt)
+        before = _memory(pid, "VmRSS")
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # its peak from here on
+        answers = []
+        told = threading.Thread(target=lambda: answers.append(request(str(mnt), {"cmd": "order", "path": str(order)},
+                                                                      timeout=600)))
+        told.start()
+        try:
+            while told.is_alive() and "ctl" not in request(str(mnt), {"cmd": "stats"}).get("prefetch", {"streams": {}})[
+                    "streams"]:
+                time.sleep(0.01)  # the order's first piece is read: it is followed, and counted on
+            counting = request(str(mnt), {"cmd": "stats"})["prefetch"]["streams"]["ctl"]
+            assert told.is_alive() and counting["files"] is None, counting  # answered while the order is counted
+        finally:
+            told.join()
+        assert answers[0]["files"] == 1_000_000 and answers[0]["epochs"] == 500, answers
+        request(str(mnt), {"cmd": "order", "path": str(tmp_path / "small"), "stream": "small"})
+        walked = request(str(mnt), {"cmd": "stats"})["prefetch"]
+        assert walked["streams"]["small"]["files"] == 1, walked  # another order, taken during the walk:
+        assert walked["streams"]["ctl"]["position"] < 1_000_000, walked  # the walk over files in memory goes on
+        assert walked["in_memory"] > 0
+        assert _memory(pid, "VmHWM") - before < 32 << 20, (before, _memory(pid, "VmHWM"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("strace"), reason="needs root and strace to watch a daemon")
+def test_the_read_ahead_ends_before_the_store_closes(many_shards, tmp_path, mount):
+    """Issue 49: a plain mount's read-ahead was never stopped: its thread outlived ``store.close()`` and went on asking
+    the kernel about the shards' descriptors, closed or already reused by files the ending daemon opened.  Waiting for
+    its budget, it asks about its next file every 10 ms; the daemon's last steps are slowed (strace delays its
+    unlinks by 0.3 s) and strace sees no call of it on a shard's descriptor once the store closed that."""
+    _, store, names = many_shards
+    (tmp_path / "order").write_text("\n".join(names) + "\n")
+    trace, tracer = tmp_path / "strace", None
+    try:
+        with mount(store, "--prefetch", str(5 * 20_000 + 1000)) as mnt:
+            _evict(store)
+            fanfs("ctl", mnt, "--order", tmp_path / "order")
+            assert _settled(mnt)["waiting"] == "budget"
+            pid = _daemon(mnt)
+            shards = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")
+                      if "/shards/" in os.readlink(f"/proc/{pid}/fd/{fd}")}
+            tracer = subprocess.Popen(["strace", "-f", "-p", str(pid), "-o", str(trace),
+                                       "-e", "inject=/^unlink(at)?$:delay_enter=300000"], stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 30
+            while any(Path(f"/proc/{pid}/task/{task}/status").read_text().count(f"TracerPid:\t{tracer.pid}\n") == 0
+                      for task in os.listdir(f"/proc/{pid}/task")) and time.monotonic() < deadline:
+                time.sleep(0.05)  # every thread of the daemon traced
+        tracer.wait(timeout=60)  # it ends with the daemon
+    finally:
+        if tracer is not None and tracer.poll() is None:
+            tracer.kill()
+            tracer.wait()
+    lines = trace.read_text().splitlines()
+    for fd in shards:
+        closed = next(i for i, line in enumerate(lines) if re.search(rf"\bclose\({fd}\b", line))
+        late = [line for line in lines[closed:]
+                if re.search(rf"\b(cachestat|syscall_0x1c3|preadv2|fadvise64)\(({fd}|{fd:#x}),|\bmmap\((.*?, ){{4}}{fd},",
+                             line)]
+        assert not late, late[:3]
+
+
+@pytest.mark.parametrize("piece", [32, 100, 4096, order_module.PIECE])
+def test_an_order_read_a_piece_at_a_time_holds_what_the_whole_file_holds(many_shards, monkeypatch, piece):
+    """Issue 49: an order is read a piece at a time now, by its count and by the read-ahead; wherever a piece ends
+    (inside a line, a CR LF, the empty lines between epochs, a line longer than a piece), it holds what the file
+    holds, its last line without a newline too."""
+    _, store, names = many_shards
+    monkeypatch.setattr(order_module, "PIECE", piece)
+    index = Store(str(store), check_shards=False).index
+    mnt = "/mnt/x"
+    lines = [names[0], f"{mnt}/{names[1]}", f"/elsewhere/{names[2]}", "c0", "", "", f"{names[3]}\r", "x" * 5000,
+             f"/{names[4]}", f"{names[5]}/", "", names[6]]
+    path = store.parent / f"order-{piece}"
+    path.write_text("\n".join(lines))
+    counted, files = order_module.Order(), []
+    for entries, read in order_module.OrderFile(str(path), index, mnt).pieces():
+        counted.add(entries, read)
+        files += entries[entries >= 0].tolist()
+    expected = [index.lookup(names[i].encode()) for i in (0, 1, 3, 5, 6)]
+    assert files == expected and (counted.files, counted.left_out, counted.epochs) == (5, 4, 3), counted
+    assert counted.example == f"/elsewhere/{names[2]}"
+    stream, followed = order_module.Stream(order_module.OrderFile(str(path), index, mnt)), []
+    while not stream.ended:
+        if (entry := stream.next()) is not None:
+            followed.append(entry)
+            stream.advance()
+    assert followed == expected and stream.position == 5 and stream.source.fd == -1

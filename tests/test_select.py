@@ -223,7 +223,7 @@ def test_rate_units():
 @pytest.mark.parametrize("timing", ["0", "-1", "nan", "inf", "soon"])
 def test_bad_timing_is_one_line(small, timing):
     done = fanfs("select", small, "--timing", timing, check=False)
-    assert done.returncode == 2 and "--timing: expected a number of seconds above 0" in done.stderr
+    assert done.returncode == 2 and "--timing: expected a number of seconds, above 0" in done.stderr
     assert "Traceback" not in done.stderr
 
 

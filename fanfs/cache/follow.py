@@ -6,7 +6,8 @@ files of every stream, in turn, and has what their reads will need fetched ahead
 presentation shown now, so the readers find it in memory or on the node's disk.  What "fetched" means is a
 subclass's: :class:`~.prefetch.Prefetcher` fills a lazily staged node's cache (from a peer or the shared store),
 :class:`~.pagecache.PageCacheAhead` has the kernel read a node's copies or the store into its page cache.  Without an
-order nothing of this runs.
+order nothing of this runs.  A stream's order is read from its file a piece at a time as the coordinating thread
+reaches it (:class:`~.order.Stream`): of an order of any length, memory holds a piece.
 
 How far ahead: at most :data:`AHEAD_FILES` files whose fetches were issued and which no reader has read since, and
 the *budget*: bytes fetched ahead for files not read yet (a subclass says what a file holds of it, and when it gives
@@ -26,12 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ..errors import FanfsError
 from ..records import Presentation
 from ..store import Store
 from ..util.units import human_size
+from .order import Stream
 
 log = logging.getLogger("fanfs")
 
@@ -50,14 +50,9 @@ STALE = 30.0  # seconds after which a file fetched ahead and not read since is g
 # file whose pages the kernel keeps from an earlier read is read without a request, so no read of it is ever seen)
 RECENT = 1.0  # seconds: a file read this recently when its turn comes was read already (the readers are ahead)
 POLL = 0.01
-
-
-@dataclass
-class Stream:
-    """One reader's order: entries, epochs back to back, and the next position to look at."""
-
-    entries: np.ndarray
-    position: int = 0
+MAX_STREAMS = 64
+"""Streams followed at once: a new name past them replaces the one told least recently (each holds its order's file
+open, and ``fanfs stats`` lists them all)."""
 
 
 @dataclass
@@ -90,9 +85,15 @@ class OrderFollower:
         self.store, self.presentation, self.budget = store, presentation, budget
         self.ticks = store.follow_reads(tick)
         self.used = 0  # bytes of the budget held now
-        self._streams: dict[str, Stream] = {}
+        self.waiting = ""  # what the coordinating thread waits for, if it does: "readers", "budget" or "orders"
+        self._streams: dict[str, Stream] = {}  # the one told least recently first
+        self._replaced: list[Stream] = []  # for the coordinating thread to close (it may be reading them)
         self._turn = 0
         self._issued: deque[Issued] = deque()
+        # The lock guards what other threads change or read: the streams (order, stats), the counts (the pool's
+        # threads), each issued file's ``done``.  The coordinating thread holds it for one step of bookkeeping at a
+        # time, never while it reads an order's file or asks the kernel about a file (plan): a walk over files in
+        # memory already (a warm epoch, millions of them) never keeps stats or a new order waiting.
         self._wake = threading.Condition()
         self._closed = False
         self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="fanfs-ahead")
@@ -104,28 +105,43 @@ class OrderFollower:
         """Whether it was given an order (without one, nothing of this runs)."""
         return bool(self._streams)
 
-    def order(self, name: str, entries: np.ndarray) -> None:
-        """Follow ``entries`` (files, in the order one reader opens them) as stream ``name`` from now on."""
+    def order(self, name: str, stream: Stream) -> None:
+        """Follow ``stream`` (files, in the order one reader opens them) as stream ``name`` from now on, in place of
+        the one of that name (or, past :data:`MAX_STREAMS`, of the one told least recently)."""
         with self._wake:
-            self._streams[name] = Stream(np.asarray(entries, np.int64))
+            if self._closed:
+                raise ValueError("the mount is ending: it takes no order")
+            if name in self._streams:
+                self._replaced.append(self._streams.pop(name))
+            self._streams[name] = stream
+            while len(self._streams) > MAX_STREAMS:
+                self._replaced.append(self._streams.pop(next(iter(self._streams))))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fanfs-follow", daemon=True)
                 self._thread.start()
             self._wake.notify()
 
     def close(self) -> None:
+        """Stop following: the coordinating thread and the fetches end (before the store closes: they use its
+        descriptors), then the orders' files are closed."""
         with self._wake:
+            if self._closed:
+                return
             self._closed = True
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._thread is None or not self._thread.is_alive():  # else it may still read them: the exit closes them
+            for stream in (*self._streams.values(), *self._replaced):
+                stream.end()
 
     def stats(self) -> dict[str, Any]:
         with self._wake:
-            return {**self.counts, "streams": {name: {"files": int(s.entries.size), "position": s.position}
+            return {**self.counts, "streams": {name: {"files": s.files, "position": s.position}
                                                for name, s in self._streams.items()},
-                    "budget": self.budget, "ahead_bytes": self.used, "ahead_files": len(self._issued)}
+                    "budget": self.budget, "ahead_bytes": self.used, "ahead_files": len(self._issued),
+                    "waiting": self.waiting}
 
     # --- what a subclass gives ------------------------------------------------------------------------
 
@@ -158,9 +174,14 @@ class OrderFollower:
                 if self._closed:
                     return
                 self._settle()
-                while not self._closed and self._issue_one():
-                    pass
-                self._wake.wait(POLL)
+                replaced, self._replaced = self._replaced, []
+            for stream in replaced:
+                stream.end()
+            while not self._closed and self._issue_one():
+                pass
+            with self._wake:
+                if not self._closed:
+                    self._wake.wait(POLL)
 
     def _settle(self) -> None:
         """Retire, from the oldest, the issued files that were read since, or given up (unread while a file issued
@@ -187,37 +208,45 @@ class OrderFollower:
         names = list(self._streams)
         for k in range(len(names)):
             stream = self._streams[names[(self._turn + k) % len(names)]]
-            if stream.position < stream.entries.size:
+            if not stream.ended:
                 self._turn = (self._turn + k + 1) % len(names)
                 return stream
         return None
 
     def _issue_one(self) -> bool:
         """Look at the next file of the next stream and issue its fetches if it needs any; False when there is
-        nothing to do now (no stream has files left, too many are in flight, or the budget is full)."""
-        if len(self._issued) >= AHEAD_FILES or (stream := self._next_stream()) is None:
-            return False
-        entry = int(stream.entries[stream.position])
+        nothing to do now (:attr:`waiting` says why: too many files fetched ahead, the budget full, or no stream has
+        files left).  The lock is held for the bookkeeping alone (see :meth:`__init__`)."""
+        with self._wake:
+            stream = self._next_stream() if len(self._issued) < AHEAD_FILES else None
+            if stream is None:
+                self.waiting = "readers" if len(self._issued) >= AHEAD_FILES else "orders"
+                return False
+        entry = stream.next()
+        if entry is None:  # a piece of the order without a file of the store, or its end
+            return True
         now = tick()
         if now - self.ticks[entry] < RECENT * TICKS_PER_SECOND:  # read just now: the readers are ahead of us
-            stream.position += 1
-            self.counts["skipped"] += 1
+            with self._wake:
+                stream.advance()
+                self.counts["skipped"] += 1
             return True
         item = self.plan(entry, self.store.view(entry, self.presentation))
-        if item is None:  # at hand already
-            stream.position += 1
-            return True
-        if item.held > self.budget:  # never fits: read when it is read
-            stream.position += 1
-            self.counts["too_large"] += 1
-            return True
-        if item.held and not self.room(item.held):
+        if item is not None and item.held <= self.budget and item.held and not self.room(item.held):
+            self.waiting = "budget"
             return False
-        stream.position += 1
-        item.since = now
-        self.take(item)
-        self._issued.append(item)
-        self.counts["files"] += 1
+        with self._wake:
+            self.waiting = ""
+            stream.advance()
+            if item is None:  # at hand already
+                return True
+            if item.held > self.budget:  # never fits: read when it is read
+                self.counts["too_large"] += 1
+                return True
+            item.since = now
+            self.take(item)
+            self._issued.append(item)
+            self.counts["files"] += 1
         if self.inline:
             self._fetch(item)
         else:
@@ -238,7 +267,8 @@ class OrderFollower:
                 item.done = True
                 self._wake.notify()
 
-    def count(self, what: str, nbytes: int) -> None:
+    def count(self, what: str, nbytes: int = 0) -> None:
+        """One more ``what`` (``nbytes`` more bytes fetched ahead), from any thread."""
         with self._wake:
             self.counts[what] = self.counts.get(what, 0) + 1
             self.counts["bytes"] += nbytes

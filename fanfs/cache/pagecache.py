@@ -43,7 +43,7 @@ class PageCacheAhead(OrderFollower):
         self._files = [source for source in store.sources if isinstance(source, Descriptors)]
         ix = store.index.items
         self._shard, self._offset, self._stored = ix.shard, ix.blob_offset, ix.blob_stored
-        self.counts["in_memory"] = 0
+        self.counts.update({"in_memory": 0, "advised": 0})  # files asked of the kernel (it reads what it will)
 
     def plan(self, entry: int, view: int) -> Issued | None:
         first, count = view_blobs(self.store, entry, view)
@@ -62,7 +62,7 @@ class PageCacheAhead(OrderFollower):
         if not runs:
             return None
         if all(in_memory(fd, start, end - start) for fd, start, end in runs):
-            self.counts["in_memory"] += 1
+            self.count("in_memory")
             return None
         return Issued(entry, 0, sum(end - start for _, start, end in runs), runs)
 
@@ -80,4 +80,4 @@ class PageCacheAhead(OrderFollower):
     def fetch(self, item: Issued) -> None:
         for fd, start, end in item.work:
             os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
-        self.count("files_read_ahead", item.held)
+        self.count("advised", item.held)

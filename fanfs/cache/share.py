@@ -30,7 +30,7 @@ from ..peers.world import World
 from ..util.runtime import private_dir
 from .follow import OrderFollower
 from .lazy import FirstHolderFirst, LazyShare, cached_is_local, lazy_share
-from .order import order_command
+from .order import Stream, order_command
 from .pagecache import PageCacheAhead
 from .prefetch import Prefetcher
 from .stage import LOCAL_DIR_REMEDY, StagedShare, held_parts, stage, staged_presentation, staged_share
@@ -167,6 +167,7 @@ class CacheHooks:
             self.follower.presentation = presentation
 
     def close(self) -> None:
+        """The mount has ended: its read-ahead stops (before the store closes: it uses the store's descriptors)."""
         if self.follower is not None:
             self.follower.close()
 
@@ -177,7 +178,7 @@ class CacheHooks:
             facts = self.node.facts
             recipe = lambda: {"kind": "node", "facts": facts}  # noqa: E731 - its in-process readers read as it does
         return Hooks(counters=self.counters, commands=self.commands, extra_stats=self.stats, on_present=self.present,
-                     recipe=recipe)
+                     recipe=recipe, close=self.close)
 
 
 def store_hooks(presentation: Presentation, mountpoint: str, budget: int) -> Callable[[Store], Hooks]:
@@ -185,6 +186,6 @@ def store_hooks(presentation: Presentation, mountpoint: str, budget: int) -> Cal
     return lambda store: CacheHooks(store, presentation, mountpoint, budget).hooks()
 
 
-def _no_budget(stream: str, entries: np.ndarray) -> None:
+def _no_budget(name: str, stream: Stream) -> None:
     raise ValueError("this mount reads nothing ahead: its --prefetch budget is 0 (mount with --prefetch SIZE, e.g. "
                      "512M, to read the order's next files ahead)")

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ..util.units import parse_size
+from ..util.units import parse_seconds, parse_size
 
 if TYPE_CHECKING:
     from ..codecs import Codec
@@ -105,14 +105,19 @@ def count(text: str) -> int:
 
 
 def seconds(text: str) -> float:
-    """A duration above 0, in seconds."""
+    """A duration above 0, in seconds (:func:`~fanfs.util.units.parse_seconds`: every timeout of every command)."""
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
-    return value
+        return parse_seconds(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def seconds_or_zero(text: str) -> float:
+    """A duration in seconds, 0 too (which the option says the meaning of: e.g. "wait for ever")."""
+    try:
+        return parse_seconds(text, zero=True)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def nonnegative_float(text: str) -> float:

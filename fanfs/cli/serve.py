@@ -14,7 +14,7 @@ from ..util.deadline import DEFAULT_SECONDS
 from ..util.deadline import VARIABLE as STORE_TIMEOUT_VARIABLE
 from ..util.server import default_workers
 from ..util.units import human_size
-from .args import count, nonnegative_float, positive, positive_size, print_json, size
+from .args import count, positive, positive_size, print_json, seconds, seconds_or_zero, size
 from .presentation import add_presentation_options, known, presentation_values, resolved
 from .stats import cmd_stats
 from .supervise import alone
@@ -116,9 +116,10 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     if not values:
         return 0
     if unresolved(values):
-        chosen = resolved(request(args.mountpoint, {"cmd": "status"})["store"], values)
+        chosen = resolved(request(args.mountpoint, {"cmd": "status"}, needs=("store",))["store"], values)
         values = {name: chosen[name] for name in values}  # only what was asked: the others stay as they are
-    answer = request(args.mountpoint, {"cmd": "present", **values}, timeout=600)
+    answer = request(args.mountpoint, {"cmd": "present", **values}, timeout=600,
+                     needs=(*Presentation.NAMES, "invalidated"))
     shown = Presentation({name: answer[name] for name in Presentation.NAMES}).describe()
     print(f"{args.mountpoint}: {shown} for files opened from now on "
           f"({answer['invalidated']:,} cached names invalidated; files already open keep their bytes)")
@@ -130,7 +131,8 @@ def _order(mountpoint: str, path: str, stream: str) -> None:
     from ..serve.control import request
     if not os.path.isfile(path):
         raise UsageError(f"--order {path}: no such file (one path per line, an empty line between epochs)")
-    answer = request(mountpoint, {"cmd": "order", "path": os.path.abspath(path), "stream": stream}, timeout=600)
+    answer = request(mountpoint, {"cmd": "order", "path": os.path.abspath(path), "stream": stream}, timeout=600,
+                     needs=("files", "epochs", "unknown", "example_unknown", "stream"))
     unknown = f"; {answer['unknown']:,} paths left out, not files of the store (e.g. {answer['example_unknown']})" \
         if answer["unknown"] else ""
     many = f"; {answer['files'] / answer['store_files']:.1f} times the store's {answer['store_files']:,} files" \
@@ -191,7 +193,7 @@ def set_store_timeout(args: argparse.Namespace) -> None:
 
 def add_store_timeout_option(p: argparse.ArgumentParser) -> None:
     """``--store-timeout SECONDS`` (mount, stage)."""
-    p.add_argument("--store-timeout", type=nonnegative_float, metavar="SECONDS",
+    p.add_argument("--store-timeout", type=seconds_or_zero, metavar="SECONDS",
                    help=f"how long an access to a store on a network file system (NFS, sshfs, Lustre...) waits before "
                         f"it fails, the store being stalled: a read with EIO, opening or staging it with an error "
                         f"(${STORE_TIMEOUT_VARIABLE}; default {DEFAULT_SECONDS:g}; 0: for ever)")
@@ -241,7 +243,7 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "then asked for in 1 MiB requests, not 128 KiB; setting it needs root, else the kernel's "
                         "stays and the log says how to raise it; 0: leave the kernel's)")
     add_prefetch_option(p)
-    p.add_argument("--peer-timeout", type=float, default=5.0, metavar="SECONDS",
+    p.add_argument("--peer-timeout", type=seconds, default=5.0, metavar="SECONDS",
                    help="how long to wait for a peer before asking the next holder (default 5)")
     add_store_timeout_option(p)
     p.add_argument("--no-mount", action="store_true",
@@ -268,18 +270,21 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
 
     p = command("wait", cmd_wait, "wait until the mount at MOUNTPOINT serves")
     p.add_argument("mountpoint", help="the mount point 'fanfs mount' was given")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+    p.add_argument("--timeout", type=seconds, default=600.0, metavar="SECONDS",
+                   help="how long to wait before failing (default 600)")
 
     p = command("ctl", cmd_ctl, "change a running mount's presentation settings (files opened afterwards get them), "
                 "or tell a mount the order its readers will read in (it reads ahead)")
     p.add_argument("mountpoint", help="a running fanfs mount")
     add_presentation_options(p, default=None)
     p.add_argument("--order", metavar="FILE", help="the paths the readers of this mount will open, one per line in their "
-                   "order, an empty line between epochs (relative to the mount, or under it); the mount then reads the "
-                   "next files ahead of them, within its --prefetch budget (into the page cache; a --stage lazy node "
-                   "fetches them from peers or the shared store into its cache)")
+                   "order, an empty line between epochs (relative to the mount, or under it; at most 4 GiB, read a "
+                   "piece at a time); the mount then reads the next files ahead of them, within its --prefetch budget "
+                   "(into the page cache; a --stage lazy node fetches them from peers or the shared store into its "
+                   "cache)")
     p.add_argument("--stream", default="ctl", metavar="NAME", help="with --order: whose order it is (one per reader "
-                   "process of the node that tells its own; a new order of the same name replaces it; default ctl)")
+                   "process of the node that tells its own; a new order of the same name replaces it, and past 64 "
+                   "names the one told least recently goes; default ctl)")
 
     p = command("fidelity", cmd_fidelity, "measure bytes, SSIM/MS-SSIM and decode speed per fidelity K on sampled "
                 "JPEG records")

@@ -7,11 +7,15 @@ import argparse
 from ..util.units import counted, human_size
 from .args import print_json
 
+STATS_NEEDS = ("store", "workers", "reads", "reads_by_process", "errors", "bytes_presented", "bytes_stored_read",
+               "cache_hits", "cache_misses", "decode_seconds", "stored_by_layer")
+"""What every daemon's answer holds and the text reads (another fanfs's daemon may answer otherwise: one line)."""
+
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from ..records import Presentation, setting
     from ..serve.control import request
-    stats = request(args.mountpoint, {"cmd": "stats"})
+    stats = request(args.mountpoint, {"cmd": "stats"}, needs=(*STATS_NEEDS, *Presentation.NAMES))
     shown = Presentation({name: stats[name] for name in Presentation.NAMES}).describe()
     if args.json:  # settings as their options write them ("full", "4", "1/2"), not their codes (65535)
         for values in (stats, stats.get("staged", {})):
@@ -63,7 +67,7 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
                  "blobs read in parts; a file read whole is cached by the kernel, whose hits never reach fanfs)")
     lines.append(f"decode     {stats['decode_seconds']:.3f} s decompressing blobs")
     lines += [f"note       {note}" for note in stats.get("notes", [])]
-    if stats["stored_by_layer"] and stats["layered"]:  # a store of plain files has one layer: nothing to tell
+    if stats["stored_by_layer"] and stats.get("layered"):  # a store of plain files has one layer: nothing to tell
         lines.append("per layer  " + "  ".join(f"{i}: {human_size(b)}" for i, b in enumerate(stats["stored_by_layer"], 1)))
     if stats.get("stored_by_side_layer"):
         names = stats.get("side_names", [])
@@ -113,13 +117,24 @@ def _cache_lines(cache: dict, ahead: dict | None) -> list[str]:
     return lines
 
 
+WAITING = {"readers": "for the readers to read what it fetched", "budget": "for the readers: its budget is full",
+           "orders": "for an order: every one is followed to its end"}
+
+
 def _ahead_lines(ahead: dict) -> list[str]:
     """``fanfs stats`` of a mount's read-ahead of a known order: how far ahead it is, what it read, and where."""
-    streams = ", ".join(f"{name} at {s['position']:,} of {s['files']:,}" for name, s in ahead["streams"].items())
-    where = (f": {ahead['kept_fills']:,} blobs kept, {ahead['from_peers']:,} from peers, {ahead['from_shared']:,} "
-             "from the shared store" if "kept_fills" in ahead else "")
-    return [f"ahead      {ahead['files']:,} files read ahead of the readers ({human_size(ahead['bytes'])}{where}), "
-            f"{ahead.get('in_memory', 0):,} in memory already, {ahead['skipped']:,} read before their turn, "
-            f"{ahead['given_up']:,} given up",
+    streams = ", ".join(f"{name} at {s['position']:,} of " + (f"{s['files']:,}" if s["files"] is not None else
+                                                              "(still counting)")
+                        for name, s in ahead["streams"].items())
+    if "kept_fills" in ahead:  # a lazy cache's: fetched into it
+        done = (f"{ahead['files']:,} files fetched ahead of the readers ({human_size(ahead['bytes'])}: "
+                f"{ahead['kept_fills']:,} blobs kept, {ahead['from_peers']:,} from peers, {ahead['from_shared']:,} "
+                "from the shared store)")
+    else:  # the page cache's: the kernel was asked to read them (posix_fadvise), and reads what it will
+        done = (f"{ahead.get('advised', 0):,} files asked of the kernel ahead of the readers "
+                f"({human_size(ahead['bytes'])})")
+    waiting = f"; waiting {WAITING[ahead['waiting']]}" if ahead.get("waiting") in WAITING else ""
+    return [f"ahead      {done}, {ahead.get('in_memory', 0):,} in memory already, {ahead['skipped']:,} read before "
+            f"their turn, {ahead['given_up']:,} given up",
             f"           now {ahead['ahead_files']:,} files, {human_size(ahead['ahead_bytes'])} ahead (budget "
-            f"{human_size(ahead['budget'])}); order: {streams}"]
+            f"{human_size(ahead['budget'])}){waiting}; order: {streams}"]

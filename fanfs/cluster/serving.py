@@ -173,7 +173,7 @@ def serve_job(plan: Plan, mountpoint: str, end: PeerEnd, lock: MountLock) -> Non
         return {"kind": "node", "facts": node_facts(plan, node), "key": end.key.private.hex()}
 
     hooks = Hooks(on_ready=ready, serving=server.start, counters=counters, extra_stats=stats, commands=cache.commands,
-                  on_present=cache.present, recipe=recipe)
+                  on_present=cache.present, recipe=recipe, close=cache.close)
     try:
         if wake is not None:
             _serve_without_mount(plan, node, mountpoint, end, hooks, wake)
@@ -228,4 +228,5 @@ def _serve_without_mount(plan: Plan, node: NodeStore, directory: str, end: PeerE
     finally:
         withdraw(directory)
         control.close()
+        hooks.close()  # its read-ahead, before the store it reads
         store.close()

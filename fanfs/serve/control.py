@@ -19,7 +19,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import FanfsError, UsageError
@@ -156,18 +156,21 @@ def _peer_uid(sock: socket.socket) -> int:
     return peer_credentials(sock)[1]
 
 
-def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-    """Send one request to the daemon of ``mountpoint`` and return its JSON answer."""
-    answer, fds, _ = request_with_fds(mountpoint, message, timeout)
+def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0,
+            needs: Iterable[str] = ()) -> dict[str, Any]:
+    """Send one request to the daemon of ``mountpoint`` and return its JSON answer, which holds ``needs`` (keys the
+    caller reads); one line (ControlError) for a daemon that ended before it answered, did not answer within
+    ``timeout`` seconds, or answered something else (another fanfs's daemon)."""
+    answer, fds, _ = request_with_fds(mountpoint, message, timeout, needs=needs)
     for fd in fds:  # none was asked for
         os.close(fd)
     return answer
 
 
-def request_with_fds(mountpoint: str, message: dict[str, Any], timeout: float = 30.0,
-                     max_fds: int = 0) -> tuple[dict[str, Any], list[int], int]:
-    """Send one request to the daemon of ``mountpoint``: its JSON answer, the descriptors it passed with it (at most
-    ``max_fds``, the caller's to close) and its pid (as the kernel says: ``SO_PEERCRED``)."""
+def request_with_fds(mountpoint: str, message: dict[str, Any], timeout: float = 30.0, max_fds: int = 0,
+                     needs: Iterable[str] = ()) -> tuple[dict[str, Any], list[int], int]:
+    """:func:`request`, and the descriptors the daemon passed with its answer (at most ``max_fds``, the caller's to
+    close) and its pid (as the kernel says: ``SO_PEERCRED``)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         _connect(sock, mountpoint)
@@ -175,19 +178,28 @@ def request_with_fds(mountpoint: str, message: dict[str, Any], timeout: float = 
         if uid != os.getuid():
             raise ControlError(f"the control socket of {mountpoint} is served by uid {uid}, not by you: "
                                "refusing to talk to it")
-        sock.sendall(json.dumps(message).encode() + b"\n")
-        data, fds = _recv_line(sock, max_fds)
+        try:
+            sock.sendall(json.dumps(message).encode() + b"\n")
+            data, fds = _recv_line(sock, max_fds)
+        except TimeoutError:
+            raise ControlError(f"the daemon of {mountpoint} did not answer within {timeout:g} s (its log: "
+                               f"{log_path(mountpoint)})") from None
+    if not data:
+        raise ControlError(f"the daemon of {mountpoint} ended before it answered (its log: {log_path(mountpoint)})")
     try:
-        answer = json.loads(data or b"{}")
-        if not isinstance(answer, dict):
-            raise ValueError("not an object")
+        answer = json.loads(data)
     except ValueError:
-        answer = {"error": f"the daemon of {mountpoint} sent a malformed answer"}
-    if "error" in answer:
-        for fd in fds:
-            os.close(fd)
-        raise ControlError(str(answer["error"]))
-    return answer, fds, pid
+        answer = None
+    if isinstance(answer, dict) and "error" in answer:
+        problem = str(answer["error"])
+    elif not isinstance(answer, dict) or not all(key in answer for key in needs):
+        problem = (f"the daemon of {mountpoint} sent an answer this fanfs cannot read (is it another version's? "
+                   f"'fanfs umount {mountpoint}' and mount again)")
+    else:
+        return answer, fds, pid
+    for fd in fds:
+        os.close(fd)
+    raise ControlError(problem)
 
 
 def presenter(mountpoint: str, setting: str) -> Callable[[int], dict[str, Any]]:
@@ -229,10 +241,55 @@ def _recv_line(sock: socket.socket, max_fds: int = 0) -> tuple[bytes, list[int]]
     return data, fds
 
 
+class Background:
+    """A handler that may take long (it reads a file the request names, of any size): answered on a thread of its own,
+    :data:`BACKGROUND` at most at once, so that the control socket answers every other request meanwhile."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    def __call__(self, message: dict[str, Any]) -> dict[str, Any]:
+        return self.handler(message)
+
+
+BACKGROUND = 4
+"""Requests of :class:`Background` handlers answered at once; one more is refused, in one line."""
+
+
+def _answer(conn: socket.socket, handler: Handler, message: dict[str, Any], done: Callable[[], None] | None = None
+            ) -> None:
+    """Answer ``message`` with ``handler``'s answer or error (then ``done()``), and close the connection."""
+    try:
+        answer = handler(message)
+    except Exception as err:  # a bad request must not take the daemon down
+        answer = _refusal(err)
+    finally:
+        if done is not None:
+            done()
+    _send(conn, answer)
+
+
+def _refusal(err: Exception) -> dict[str, Any]:
+    """The answer to a request refused (ValueError, FanfsError, OSError: their message) or failed (any other)."""
+    return {"error": str(err) if isinstance(err, (ValueError, FanfsError, OSError)) else f"{type(err).__name__}: {err}"}
+
+
+def _send(conn: socket.socket, answer: dict[str, Any]) -> None:
+    """Send an answer (with the descriptors it lists under :data:`FDS`), and close the connection (a client gone
+    meanwhile is no error)."""
+    fds = answer.pop(FDS, [])
+    with conn:
+        try:
+            data = json.dumps(answer).encode() + b"\n"
+            socket.send_fds(conn, [data], fds) if fds else conn.sendall(data)
+        except OSError:
+            pass
+
+
 class ControlServer:
     """Serves ``{"cmd": name, ...}`` requests with the given handlers on a daemon thread, once started (the
     socket is bound at once, before the mount: afterwards resolving the mount point's path would ask the
-    very daemon that is not yet answering).
+    very daemon that is not yet answering).  One request at a time, but those of a :class:`Background` handler.
 
     A handler raises ValueError (or a FanfsError) for a request it refuses; the client gets its message.  Its answer
     may pass descriptors (:data:`FDS`): a mount hands its in-process readers its shared memory so.
@@ -241,6 +298,7 @@ class ControlServer:
     def __init__(self, mountpoint: str, handlers: dict[str, Handler]) -> None:
         self.path = socket_path(mountpoint)
         self.handlers = handlers
+        self._background = threading.BoundedSemaphore(BACKGROUND)
         if os.path.lexists(self.path):
             os.unlink(self.path)  # left by a daemon that was killed: this mount point's lock is ours now
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -259,28 +317,32 @@ class ControlServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            with conn:
-                try:
-                    conn.settimeout(10)
-                    if _peer_uid(conn) != os.getuid():
-                        raise ValueError("not your mount")
-                    message = json.loads(_recv_line(conn)[0])
-                    if not isinstance(message, dict):
-                        raise ValueError("a request is a JSON object")
-                    handler = self.handlers.get(message.get("cmd"))
-                    if handler is None:
-                        raise ValueError(f"unknown command {message.get('cmd')!r}")
-                    answer = handler(message)
-                except (ValueError, FanfsError, OSError) as err:
-                    answer = {"error": str(err)}
-                except Exception as err:  # a bad request must not take the daemon down
-                    answer = {"error": f"{type(err).__name__}: {err}"}
-                fds = answer.pop(FDS, [])
-                try:
-                    socket.send_fds(conn, [json.dumps(answer).encode() + b"\n"], fds) if fds else \
-                        conn.sendall(json.dumps(answer).encode() + b"\n")
-                except OSError:
-                    pass
+            try:
+                handler, message = self._read(conn)
+            except Exception as err:  # a JSON nested 30,000 deep too: the control thread lives on
+                _send(conn, _refusal(err))
+                continue
+            if not isinstance(handler, Background):
+                _answer(conn, handler, message)
+            elif self._background.acquire(blocking=False):
+                threading.Thread(target=_answer, args=(conn, handler, message, self._background.release),
+                                 name="fanfs-control-background", daemon=True).start()
+            else:
+                _send(conn, {"error": f"{BACKGROUND} requests like this one are being answered: try again once one "
+                                      "is"})
+
+    def _read(self, conn: socket.socket) -> tuple[Handler, dict[str, Any]]:
+        """A request's handler and message; ValueError if it is none (or not this user's)."""
+        conn.settimeout(10)
+        if _peer_uid(conn) != os.getuid():
+            raise ValueError("not your mount")
+        message = json.loads(_recv_line(conn)[0])
+        if not isinstance(message, dict):
+            raise ValueError("a request is a JSON object")
+        handler = self.handlers.get(message.get("cmd"))
+        if handler is None:
+            raise ValueError(f"unknown command {message.get('cmd')!r}")
+        return handler, message
 
     def close(self) -> None:
         try:

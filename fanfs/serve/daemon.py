@@ -166,7 +166,8 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     from .fusefs import FanfsFS, serve
 
     configure_server()
-    answers = MountAnswers(store, mountpoint, options, hooks or Hooks(),
+    hooks = hooks or Hooks()
+    answers = MountAnswers(store, mountpoint, options, hooks,
                            (lambda: _report(ready_fd, "ready")) if ready_fd is not None else None)
     fs = answers.fs = FanfsFS(store, options.presentation, answers.ready)
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
@@ -179,6 +180,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
             log.info("stopped by signal %d (%s)", ended_by, signal.Signals(ended_by).name)
     finally:
         server.close()
+        hooks.close()  # its read-ahead, before the store it reads
         store.close()
         log.info("unmounted %s", mountpoint)
 
@@ -301,7 +303,7 @@ def wait_ready(mountpoint: str, timeout: float) -> dict:
     while True:
         try:
             if os.path.ismount(mountpoint):
-                return control.request(mountpoint, {"cmd": "status"}, timeout=5)
+                return control.request(mountpoint, {"cmd": "status"}, timeout=5, needs=("store", "pid"))
         except control.DaemonEnded:
             raise
         except control.ControlError:

@@ -46,3 +46,5 @@ class Hooks:
     """The presentation was switched (in the control thread, once the switch is done)."""
     recipe: Callable[[], dict[str, Any]] | None = None
     """How an in-process reader builds this node's store (:mod:`.publish`; default: the store's own shards)."""
+    close: Callable[[], None] = lambda: None
+    """The mount has ended: stop what reads the store (a read-ahead's threads), before it closes."""

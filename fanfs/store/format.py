@@ -8,7 +8,9 @@ A store is one directory::
 
 The index container is ``MAGIC, version, JSON length, JSON, columns (64-byte aligned), xxh3-64 of all
 that``.  Columns are ``numpy.frombuffer`` views of a private copy of the file, so opening an index of millions
-of entries costs one read and checksum pass and no Python object per entry.
+of entries costs one read and checksum pass and no Python object per entry.  Its head is checked first: a file that
+is not one, or whose size is not what its header lays out, is refused before the rest of it is read, whatever its
+size.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..errors import StoreError
 from ..util.checksum import checksum  # noqa: F401  (re-exported: the store's checksum)
 from ..util.deadline import Deadline, Stalled, close_within, deadline_for, within
 from ..util.files import open_regular
+from ..util.units import human_size
 from .trust import sealed_memory
 
 FORMAT_VERSION = 5
@@ -48,6 +51,8 @@ never opens them."""
 SHARD_HEADER = struct.Struct("<8sII16s32x")  # magic, shard version, shard number, store id
 
 _INDEX_HEAD = struct.Struct("<8sIIQ")  # magic, version, reserved, JSON length
+MAX_HEADER = 64 << 20
+"""Bytes an index's JSON header may take: a real one holds the store's settings and its column table (kilobytes)."""
 _ALIGN = 64
 
 # Entry types.  (How a file's blobs present it is its record kind: fanfs.records.)
@@ -170,6 +175,8 @@ def read_index_file(path: str) -> tuple[mmap.mmap | bytes, str | None]:
         raise StoreError(f"{path}: cannot open the index: {err.strerror}") from None
     try:
         before = within(reads, path, file_identity, fd)
+        size = within(reads, path, os.fstat, fd).st_size
+        _check_head(path, size, lambda length, offset: within(reads, path, os.pread, fd, length, offset))
         data = _read_private(fd, path, reads)
         return data, before if within(reads, path, file_identity, fd) == before else None  # not written to meanwhile
     finally:
@@ -182,6 +189,10 @@ def _read_private(fd: int, path: str, reads: Deadline | None) -> mmap.mmap | byt
     size = within(reads, path, os.fstat, fd).st_size
     if not size:
         return b""
+    memory_here = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if size > memory_here:
+        raise StoreError(f"{path}: an index of {human_size(size)}, more than this node's memory "
+                         f"({human_size(memory_here)}): it is corrupt, or no index")
 
     def fill(view: memoryview) -> None:
         pos = 0
@@ -191,13 +202,16 @@ def _read_private(fd: int, path: str, reads: Deadline | None) -> mmap.mmap | byt
                 raise StoreError(f"{path}: index is truncated ({pos} of {size} bytes): it changed while it was read")
             pos += got
 
-    return sealed_memory(size, fill)
+    try:
+        return sealed_memory(size, fill)
+    except OSError as err:
+        raise StoreError(f"{path}: cannot read the index ({human_size(size)}) into memory: {err.strerror}") from None
 
 
-def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memoryview],
-                 whole: bool = True) -> tuple[int, int]:
-    """Verify an index's head and checksum through ``pread(length, offset)`` (``whole=False``: its head only); returns
-    its JSON length and checksum."""
+def _check_head(path: str, size: int, pread: Callable[[int, int], bytes | memoryview]) -> int:
+    """Check an index's head before the rest is read (a file of any size may lie where the index belongs): its magic
+    and version, and that the column table of its JSON header lays out exactly ``size`` bytes, as every index fanfs
+    writes does; returns the JSON's length."""
     if size < _INDEX_HEAD.size + 8:
         raise StoreError(f"{path}: index is truncated ({size} bytes)")
     magic, version, _, json_len = _INDEX_HEAD.unpack(bytes(pread(_INDEX_HEAD.size, 0)))
@@ -207,6 +221,23 @@ def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memor
         raise StoreError(f"{path}: store format version {version}, this fanfs reads versions "
                          f"{', '.join(map(str, FORMATS))}; "
                          "repack the source with this fanfs")
+    if json_len > min(MAX_HEADER, size - _INDEX_HEAD.size - 8):
+        raise StoreError(f"{path}: index header of {json_len:,} bytes in a file of {size:,}: the index is corrupt or "
+                         "truncated; copy the store again or repack")
+    layout = _layout(_header(bytes(pread(json_len, _INDEX_HEAD.size)), path))
+    base = -(-(_INDEX_HEAD.size + json_len) // _ALIGN) * _ALIGN
+    end = base + max((offset + count * dtype.itemsize for dtype, offset, count in layout.values()), default=0) + 8
+    if size != end:
+        raise StoreError(f"{path}: index of {size:,} bytes whose header lays out {end:,}: the index is corrupt or "
+                         "truncated; copy the store again or repack")
+    return json_len
+
+
+def _check_index(path: str, size: int, pread: Callable[[int, int], bytes | memoryview],
+                 whole: bool = True) -> tuple[int, int]:
+    """Verify an index's head (:func:`_check_head`) and checksum through ``pread(length, offset)`` (``whole=False``:
+    its head only); returns its JSON length and checksum."""
+    json_len = _check_head(path, size, pread)
     digest = xxhash.xxh3_64()
     pos, end = 0, size - 8
     (expected,) = struct.unpack("<Q", bytes(pread(8, end)))
@@ -228,27 +259,39 @@ _COLUMN_DTYPES = frozenset({"|u1", "<u2", "<u4", "<u8", "<i8"})
 """The only column types an index may declare (a crafted one could otherwise ask numpy for objects)."""
 
 
+def _header(text: bytes, path: str | None = None) -> dict[str, Any]:
+    """An index's JSON header, with a column table; anything else is one StoreError (naming ``path`` if given)."""
+    where = f"{path}: " if path else ""
+    try:
+        meta = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise StoreError(f"{where}index header is not valid JSON ({err}): the store is corrupt; repack it") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("columns"), dict):
+        raise StoreError(f"{where}index header has no column table: the store is corrupt; repack it")
+    return meta
+
+
+def _layout(meta: dict[str, Any]) -> dict[str, tuple[np.dtype, int, int]]:
+    """The column table of an index's header: name -> (type, offset, count); a malformed entry is one StoreError."""
+    layout = {}
+    for name, entry in meta["columns"].items():
+        if not (isinstance(entry, list) and len(entry) == 3 and entry[0] in _COLUMN_DTYPES
+                and all(type(v) is int and v >= 0 for v in entry[1:])):
+            raise StoreError(f"index column {name!r} has a bad layout {entry!r}: the store is corrupt; repack it")
+        layout[name] = (np.dtype(entry[0]), entry[1], entry[2])
+    return layout
+
+
 def _parse_index(buffer: mmap.mmap | bytes | bytearray,
                  json_len: int) -> tuple[dict[str, Any], dict[str, np.ndarray], int]:
-    """The JSON header and column views of a checksummed index; any malformed layout is one StoreError."""
+    """The JSON header and column views of a checked index (:func:`_check_index`)."""
     start = _INDEX_HEAD.size
-    try:
-        meta = json.loads(bytes(buffer[start:start + json_len]))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise StoreError(f"index header is not valid JSON ({err}): the store is corrupt; repack it") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("columns"), dict):
-        raise StoreError("index header has no column table: the store is corrupt; repack it")
+    meta = _header(bytes(buffer[start:start + json_len]))
     base = -(-(start + json_len) // _ALIGN) * _ALIGN
-    end = len(buffer) - 8
     columns = {}
-    for name, layout in meta.pop("columns").items():
-        if not (isinstance(layout, list) and len(layout) == 3 and layout[0] in _COLUMN_DTYPES
-                and all(type(v) is int and v >= 0 for v in layout[1:])):
-            raise StoreError(f"index column {name!r} has a bad layout {layout!r}: the store is corrupt; repack it")
-        dtype, offset, count = np.dtype(layout[0]), layout[1], layout[2]
-        if base + offset + count * dtype.itemsize > end:
-            raise StoreError(f"index column {name!r} lies outside the index: the store is corrupt; repack it")
+    for name, (dtype, offset, count) in _layout(meta).items():  # each within the index (_check_head)
         column = np.frombuffer(buffer, dtype=dtype, count=count, offset=base + offset)
         column.flags.writeable = False  # a broadcast buffer is a bytearray; the index is read-only all the same
         columns[name] = column
+    del meta["columns"]
     return meta, columns, len(buffer)

@@ -25,7 +25,7 @@ def mount_status(mountpoint: str | os.PathLike) -> dict[str, Any]:
     """The daemon's status (store, pid, presentation); one line saying what to do if none answers."""
     mnt = os.fspath(mountpoint)
     try:
-        return request(mnt, {"cmd": "status"}, timeout=30)
+        return request(mnt, {"cmd": "status"}, timeout=30, needs=("store",))
     except ControlError as err:
         raise UsageError(f"{err}: is {mnt} a fanfs mount? ('fanfs mount STORE {mnt}' first)") from None
 

@@ -27,6 +27,7 @@ keep a full shuffle (:class:`~fanfs.train.OrderSampler`).
 from __future__ import annotations
 
 import logging
+import operator
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -80,6 +81,17 @@ def shards_of(mountpoint: str, paths: Sequence[str]) -> tuple[np.ndarray, np.nda
     return out, np.array(index.shard_size, np.int64)
 
 
+def _whole(name: str, value: Any) -> int:
+    """A seed or an epoch: a whole number, 0 or more (they seed NumPy's generator), else a ValueError saying so."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"{name} must be a whole number, 0 or more, not {value!r}")
+    return number
+
+
 class ShardShuffle:
     """The indices ``0 .. n-1`` of a dataset in a shard-aware order (:func:`shard_aware_order`), a new one each epoch
     (seeded by ``seed`` and the epoch, so every rank computes the same); with ``num_replicas`` ranks, rank ``rank``
@@ -93,12 +105,12 @@ class ShardShuffle:
             raise ValueError(f"rank {rank} of {num_replicas} replicas")
         if window < 1:
             raise ValueError(f"a window of {window} shards: give at least 1")
-        self.shards, self.window, self.seed = np.asarray(shards, np.int64), window, seed
+        self.shards, self.window, self.seed = np.asarray(shards, np.int64), window, _whole("seed", seed)
         self.num_replicas, self.rank, self.epoch = num_replicas, rank, 0
         self.per_rank = -(-self.shards.size // num_replicas)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch = _whole("epoch", epoch)
 
     def __len__(self) -> int:
         return self.per_rank

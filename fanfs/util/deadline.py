@@ -19,7 +19,6 @@ import contextlib
 import ctypes
 import errno
 import logging
-import math
 import mmap
 import os
 import queue
@@ -29,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UsageError
+from .units import parse_seconds
 
 log = logging.getLogger("fanfs")
 
@@ -53,12 +53,9 @@ def store_timeout() -> float:
     if not text:
         return DEFAULT_SECONDS
     try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds < math.inf:
-        raise UsageError(f"{VARIABLE} (--store-timeout) must be seconds, 0 to wait for ever; not {text!r}")
-    return seconds
+        return parse_seconds(text, zero=True)
+    except ValueError as err:
+        raise UsageError(f"{VARIABLE} (--store-timeout): {err}; 0 waits for ever") from None
 
 
 def network_file_system(path: str) -> str | None:

@@ -1,7 +1,7 @@
 """One progress display for long work: a bar on a terminal, a line at least every 10 s in a log.
 
 A pack, stage, verify or fidelity measurement in a batch job writes to a file, not a terminal: there it says
-where it is (done/total, the files too when counted, rate, ETA, elapsed) once every :data:`LOG_EVERY` seconds,
+where it is (done/total, the files too when counted, rate, ETA, elapsed) once every 10 s,
 so a job's log shows it is alive and when it will end; a command done within that time prints nothing more
 (``FANFS_PROGRESS_SECONDS`` sets another period).
 """
@@ -15,11 +15,23 @@ from types import TracebackType
 
 from tqdm import tqdm
 
-from .units import human_rate, human_size
+from ..errors import UsageError
+from .units import human_rate, human_size, parse_seconds
 
 tqdm.monitor_interval = 0  # no monitor thread: pack forks worker processes
-LOG_EVERY = float(os.environ.get("FANFS_PROGRESS_SECONDS", "10"))
-"""Seconds between two progress lines in a log (``FANFS_PROGRESS_SECONDS``; 0: a line at every update)."""
+LOG_EVERY = 10.0
+"""Seconds between two progress lines in a log, unless ``FANFS_PROGRESS_SECONDS`` says otherwise (0: a line at every
+update)."""
+VARIABLE = "FANFS_PROGRESS_SECONDS"
+
+
+def log_every() -> float:
+    """Seconds between two progress lines in a log: ``$FANFS_PROGRESS_SECONDS``, else :data:`LOG_EVERY`."""
+    text = os.environ.get(VARIABLE, "").strip()
+    try:
+        return parse_seconds(text, zero=True) if text else LOG_EVERY
+    except ValueError as err:
+        raise UsageError(f"{VARIABLE}: {err}") from None
 
 
 def human_duration(seconds: float) -> str:
@@ -44,6 +56,7 @@ class Progress:
         self._stream = stream or sys.stderr
         tty = enabled and getattr(self._stream, "isatty", lambda: False)()
         self._log = enabled and not tty
+        self._every = log_every() if self._log else LOG_EVERY
         self.total, self.label, self.unit, self.count_total = total, label, unit, count_total
         self._done = self._count = 0
         self._started = self._last = time.monotonic()
@@ -58,7 +71,7 @@ class Progress:
             self._count = count
             if not self._bar.disable:
                 self._bar.set_postfix_str(f"{count:,} files", refresh=False)
-        if self._log and time.monotonic() - self._last >= LOG_EVERY:
+        if self._log and time.monotonic() - self._last >= self._every:
             self._last = time.monotonic()
             print(f"fanfs {self.label}: {self.line()}", file=self._stream, flush=True)
 

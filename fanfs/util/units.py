@@ -1,7 +1,9 @@
-"""Human-readable sizes, rates and counts, both ways (``256M`` on the command line, ``1.3 GiB`` in reports)."""
+"""Human-readable sizes, rates and counts, both ways (``256M`` on the command line, ``1.3 GiB`` in reports), and
+durations given in seconds."""
 
 from __future__ import annotations
 
+import math
 import re
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
@@ -47,3 +49,22 @@ def parse_rate(text: str) -> float:
     number, prefix, binary = float(match.group(1)), match.group(2).upper(), bool(match.group(3))
     power = " KMGT".index(prefix) if prefix else 0
     return number * ((1024 if binary else 1000) ** power)
+
+
+MAX_SECONDS = 365 * 24 * 3600
+"""The longest duration fanfs takes (a year): longer means "for ever" to anyone, and it stays within what the system's
+waits take (a timeout of 1e10 s overflows them)."""
+
+
+def parse_seconds(text: str, *, zero: bool = False) -> float:
+    """A duration given in seconds (an option's or a variable's text): a number above 0 (0 too where ``zero``) and
+    at most :data:`MAX_SECONDS`, else a ValueError saying so (``nan``, ``inf``, ``-1``, ``1e10``: every timeout and
+    period of every command is read here)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (0 <= value if zero else 0 < value) or not value <= MAX_SECONDS:
+        least = "0 or more" if zero else "above 0"
+        raise ValueError(f"expected a number of seconds, {least} and at most {MAX_SECONDS:,} (a year), not {text!r}")
+    return value
