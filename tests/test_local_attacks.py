@@ -58,20 +58,44 @@ def refused(store: Path, mnt: Path) -> str:
     return done.stderr
 
 
-def test_a_runtime_dir_planted_by_another_user_is_refused(shared_tmp, small_store, tmp_path):
-    planted = shared_tmp / f"fanfs-{os.getuid()}"
-    as_nobody("mkdir", "-m", "0700", str(planted))
-    assert "belongs to uid" in refused(small_store, tmp_path / "mnt")
-    assert os.listdir(planted) == []  # nothing of ours was put there
-    assert "belongs to uid" in fanfs("stats", tmp_path / "mnt", check=False).stderr
+def squat(shared_tmp: Path, name: str, how: str) -> Path:
+    """``name`` in the shared temporary directory made first by another user (nobody): a directory (0700, or 0777
+    for anyone to fill), a symlink to one of theirs, or a file."""
+    path = shared_tmp / name
+    if how == "symlink":
+        as_nobody("mkdir", "-m", "0777", str(shared_tmp / f"theirs-{name}"))
+        as_nobody("ln", "-s", str(shared_tmp / f"theirs-{name}"), str(path))
+    elif how == "file":
+        as_nobody("touch", str(path))
+    else:
+        as_nobody("mkdir", "-m", how, str(path))
+    return path
 
 
-def test_a_symlink_planted_as_runtime_dir_is_refused(shared_tmp, small_store, tmp_path):
-    elsewhere = shared_tmp / "theirs"
-    as_nobody("mkdir", "-m", "0777", str(elsewhere))
-    as_nobody("ln", "-s", str(elsewhere), str(shared_tmp / f"fanfs-{os.getuid()}"))
-    assert "symbolic link" in refused(small_store, tmp_path / "mnt")
-    assert os.listdir(elsewhere) == []
+def test_no_user_can_make_fanfs_refuse_another_s_mount(shared_tmp, small_store, tmp_path):
+    """Issue 50: another user who makes ``fanfs-UID`` (and the names after it) first no longer refuses every mount
+    and ``fanfs stats`` of this user's: those names are passed over, nothing of ours goes into them, and every
+    command finds the same runtime directory, also once the squatter removes the name before it."""
+    uid = os.getuid()
+    planted = [squat(shared_tmp, f"fanfs-{uid}", "0700"), squat(shared_tmp, f"fanfs-{uid}.1", "symlink"),
+               squat(shared_tmp, f"fanfs-{uid}.2", "file"), squat(shared_tmp, f"fanfs-{uid}.3", "0777")]
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        fanfs("mount", small_store, mnt)
+        mine = shared_tmp / f"fanfs-{uid}.4"
+        assert [p.suffix for p in mine.iterdir() if p.suffix == ".sock"] == [".sock"]
+        assert fanfs("stats", mnt, "--json").returncode == 0
+        as_nobody("rmdir", str(planted[0]))  # the name before ours is free again: ours is still the one found
+        assert "present" not in fanfs("ctl", mnt, "--fidelity", "full").stderr
+        assert json.loads(fanfs("stats", mnt, "--json").stdout)["reads"] == 0
+        assert (mnt / "a.txt").read_text() == "a\n"
+        assert fanfs("umount", mnt).stdout.startswith("unmounted")
+    finally:
+        force_unmount(mnt)
+    assert not os.path.exists(planted[0])  # nothing of ours made in its place
+    assert [os.listdir(p) for p in planted[3:]] == [[]] and os.listdir(shared_tmp / f"theirs-fanfs-{uid}.1") == []
+    assert fanfs("umount", mnt, check=False).stdout.endswith("ended already); nothing to do\n")  # its mark found
 
 
 def test_a_world_writable_runtime_dir_is_refused(shared_tmp, small_store, tmp_path):
