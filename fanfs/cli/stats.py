@@ -71,7 +71,8 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
         lines += _ahead_lines(stats["prefetch"])
     elif "staged" in stats:
         staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
-        lines.append(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
+        lines.append(f"staged     at {staged}; read from the shared store (above it, or no good copy here): "
+                     f"{human_size(stats['shared_bytes'])}")
     if "cluster" in stats:
         c = stats["cluster"]
         lines.append(f"node       rank {c['rank']} of {c['nodes']}, {c['local_blobs']:,} blobs held, {c['replicas']} replicas")
