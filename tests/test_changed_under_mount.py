@@ -15,7 +15,7 @@ from fanfs_command import fanfs, stats_command
 from support.crafting import rewrite
 
 from fanfs.serve import control
-from fanfs.store.format import INDEX_NAME, SHARD_DIR
+from fanfs.store.format import INDEX_NAME, SHARD_DIR, SHARD_HEADER
 
 MIB = 1 << 20
 
@@ -152,3 +152,37 @@ def test_a_staged_copy_gone_or_bad_under_a_mount_is_read_from_the_shared_store(s
             assert (mnt / path.name).read_bytes() == path.read_bytes(), path.name
         stats = stats_command(mnt)
         assert stats["errors"] == 0 and stats["shared_bytes"] > 0, stats
+
+
+def test_a_failing_shard_is_logged_once_not_once_per_file(sharded, tmp_path, mount):
+    """Issue 50 (major 4): a cause is logged once, whichever of its shard's files meet it, not once per file (10,000
+    files gave 2.1 MB of log): a node's staged shards gone (each file read from the shared store), and a store's own
+    shards zeroed in part (each file there an EIO)."""
+    src, original = sharded
+    local = tmp_path / "local"
+    with mount(original, "--local-dir", str(local), "--stage") as mnt:
+        shards = sorted(p for p in local.iterdir() if p.name.isdigit())
+        for shard in shards:
+            shard.unlink()
+        for path in sorted(src.iterdir()):
+            assert (mnt / path.name).read_bytes() == path.read_bytes()
+        used = [line for line in Path(control.log_path(str(mnt))).read_text().splitlines() if "used shared store" in line]
+    assert 1 <= len(used) <= len(shards) < len(list(src.iterdir())), used
+    store = tmp_path / "store"
+    shutil.copytree(original, store)
+    with mount(store) as mnt:
+        for shard in (store / SHARD_DIR).iterdir():
+            with open(shard, "r+b") as f:  # the daemon keeps its descriptors: zeroed in place, as a bad disk does
+                size = f.seek(0, os.SEEK_END)
+                f.seek(SHARD_HEADER.size)
+                f.write(bytes(size - SHARD_HEADER.size))
+        failed = 0
+        for path in sorted(src.iterdir()):
+            for _ in range(2):
+                with pytest.raises(OSError) as err:
+                    (mnt / path.name).read_bytes()
+                assert err.value.errno == errno.EIO
+                failed += 1
+        eio = [line for line in Path(control.log_path(str(mnt))).read_text().splitlines() if " EIO " in line]
+        assert stats_command(mnt)["errors"] >= failed
+    assert 1 <= len(eio) <= len(list((store / SHARD_DIR).iterdir())) < len(list(src.iterdir())), eio

@@ -30,7 +30,8 @@ from ..errors import FanfsError, StoreError
 from .. import tune  # noqa: F401  (registers the resolvers of auto values)
 from ..records import Presentation, Value, check_presentation, resolve, unresolved
 from ..serve.control import MountLock
-from ..serve.daemon import check_mountpoint, setup_logging, start
+from ..serve.daemon import check_mountpoint, start
+from ..serve.logfile import setup_logging
 from ..store import Store
 from ..store.index import Index
 from ..util.mounts import mounted, unmount

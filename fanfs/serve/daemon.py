@@ -3,8 +3,8 @@
 ``fanfs mount`` returns only when the kernel mount answers, so ``fanfs mount S M && ls M`` works.
 The daemon reports readiness (or the reason it failed) through a pipe, holds the mount point's lock
 for its lifetime (a second mount of the same point is refused), and logs to a file beside its control
-socket: the previous run's log is kept as ``.log.1``, and a run that ends cleanly without a warning
-removes its log.  Stopping: ``fanfs umount`` (:func:`fanfs.util.mounts.unmount`), or SIGTERM/SIGINT to the daemon.
+socket, of at most 1 MiB (:mod:`.logfile`): the previous run's log is kept as ``.log.1``, and a run that ends
+cleanly without a warning removes its log.  Stopping: ``fanfs umount`` (:func:`fanfs.util.mounts.unmount`), or SIGTERM/SIGINT to the daemon.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,9 +26,10 @@ from ..store.resident import ANSWERS
 from ..util.deadline import Deadline, Stalled, deadline_for, within
 from ..util.mounts import mounted, unmount
 from ..util.processes import exited, wait_ended
-from ..util.runtime import create_private, runtime_dir
+from ..util.runtime import runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
 from . import control
+from .logfile import detach, log_tail, setup_logging
 from .readahead import PREFETCH, READAHEAD
 
 log = logging.getLogger("fanfs")
@@ -172,8 +172,8 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
         try:
             os.setsid()
             os.chdir("/")
-            _detach(logfile)
-            warnings = setup_logging(options.debug)
+            detach(logfile)
+            warnings = setup_logging(options.debug, own_file=True)
             run_daemon(store, mountpoint, options, ready_fd=write_end, hooks=hooks)
             if not warnings.count:
                 os.unlink(logfile)  # a clean run leaves no log behind
@@ -192,7 +192,7 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
     store.close()
     message = _await(read_end, timeout=120)
     if message != "ready":
-        tail = "" if message.startswith("error: ") else _log_tail(logfile)  # a daemon that died without a word
+        tail = "" if message.startswith("error: ") else log_tail(logfile)  # a daemon that died without a word
         raise StoreError(f"mount of {store.root} at {mountpoint} failed: {message.removeprefix('error: ')}"
                          + (f" ({tail})" if tail else ""))
     return pid
@@ -296,54 +296,6 @@ def _await(fd: int, timeout: float) -> str:
             return f"the daemon did not report within {timeout:.0f} s"
     text = b"".join(chunks).decode(errors="replace")
     return text or "the daemon exited before mounting"
-
-
-def _detach(logfile: str) -> None:
-    """Stdin from /dev/null; stdout and stderr to a fresh log (the previous one kept as .1)."""
-    if os.path.lexists(logfile):
-        os.replace(logfile, logfile + ".1")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    out = create_private(logfile)
-    os.dup2(devnull, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(devnull)
-    os.close(out)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-
-
-class _WarningCount(logging.Handler):
-    """Counts log records of WARNING and above (a run without any removes its log)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1
-
-
-def setup_logging(debug: bool, tag: str | None = None) -> _WarningCount:
-    """Log to stderr (a detached daemon's stderr is its log file), lines tagged with ``tag`` (the caller's name
-    for this process, e.g. a job's node) or else the pid."""
-    handler = logging.StreamHandler(sys.stderr)
-    tag = tag or str(os.getpid())
-    handler.setFormatter(logging.Formatter(f"%(asctime)s fanfs[{tag}] %(levelname)s %(message)s"))
-    warnings = _WarningCount()
-    root = logging.getLogger()
-    root.handlers[:] = [handler, warnings]
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
-    return warnings
-
-
-def _log_tail(logfile: str) -> str:
-    try:
-        with open(logfile, errors="replace") as f:
-            lines = [line.strip() for line in f.readlines()[-3:] if line.strip()]
-    except OSError:
-        return ""
-    return f"log {logfile}: " + " | ".join(lines) if lines else ""
 
 
 def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
