@@ -34,6 +34,7 @@ from support.processes import kernel_state, stop
 
 from fanfs.serve.control import log_path
 from fanfs.store import Store
+from fanfs.store.format import shard_name
 from fanfs.util import deadline
 from fanfs.util.deadline import Deadline, Stalled
 from fanfs.util import mounts
@@ -212,6 +213,34 @@ def test_a_mount_staged_at_k_reads_the_layers_above_from_a_frozen_store_in_time(
         finally:
             frozen.thaw()
     gone(pids)
+
+
+@pytest.mark.slow
+def test_a_staged_copy_gone_reads_the_frozen_store_on_a_thread_in_time(frozen, tmp_path):
+    """Issue 50: a node's staged copy removed under its mount falls back to the shared store; that store frozen, the
+    read fails in time (--store-timeout), waited on by a thread: the serving loop still answers the staged files at
+    once; thawed, the same mount reads the file from the store."""
+    with mounted(frozen.path, tmp_path / "mnt", "--local-dir", tmp_path / "local", "--stage", "--store-timeout",
+                 TIMEOUT, "--workers", "1") as mnt:
+        try:
+            store = Store(str(frozen.base / "store"))
+            for name in ("f4.bin", "f5.bin"):  # a shard each
+                (tmp_path / "local" / shard_name(int(store.index.shard[store.lookup(os.fsencode(name))]))).unlink()
+            store.close()
+            frozen.freeze()
+            waiting = subprocess.Popen(["cat", mnt / "f4.bin"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for name in ("f1.bin", "f2.bin", "f3.bin"):  # staged: answered while f4's read waits on the store
+                assert frozen.read(mnt / name) == frozen.data[name]
+            assert waiting.wait(60) == 1 and b"Input/output error" in waiting.stderr.read()
+            assert frozen.read(mnt / "f5.bin") == "EIO"
+            frozen.thaw()
+            for name in ("f4.bin", "f5.bin"):  # once the reads given up on have returned (no copy at all: EIO for ever)
+                until = time.monotonic() + 60
+                while (got := frozen.read(mnt / name)) == "EIO" and time.monotonic() < until:
+                    time.sleep(0.1)
+                assert got == frozen.data[name]
+        finally:
+            frozen.thaw()
 
 
 def ended(frozen: FreezableStore, *args: str | os.PathLike, freeze: Callable[[int], bool] = lambda pid: True
