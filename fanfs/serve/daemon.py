@@ -25,7 +25,7 @@ from ..store.format import INDEX_NAME, SHARD_DIR
 from ..store.resident import ANSWERS
 from ..util.deadline import Deadline, Stalled, deadline_for, within
 from ..util.mounts import mounted, unmount
-from ..util.processes import exited, wait_ended
+from ..util.processes import held_in_kernel, wait_ended
 from ..util.runtime import runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
 from . import control
@@ -327,7 +327,7 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
                              "when killed: it waits in the kernel on a file system that does not answer (its "
                              f"store's?), and ends when that answers (see {control.log_path(mountpoint)})")
         log.warning("unmounted %s; its daemon (pid %d), not ended in %g s, was killed", mountpoint, pid, timeout)
-    if pid is not None and exited(pid, held=True):
+    if pid is not None and held_in_kernel(pid):
         log.warning("unmounted %s; its daemon (pid %d) has exited, but threads of it wait in the kernel on a file "
                     "system that does not answer (its store's?): they go when it answers", mountpoint, pid)
     return True
