@@ -16,6 +16,7 @@ from photo_samples import make_photo_set
 
 from fanfs.errors import FanfsError
 from fanfs.serve.control import request, socket_path
+from fanfs.util.processes import wait_ended
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +194,18 @@ def test_a_runtime_dir_deeper_than_a_socket_address_works(stores, tmp_path, moun
     with mount(stores / "plain") as mnt:
         assert "reads" in fanfs("stats", mnt).stdout
         assert any(p.suffix == ".sock" and len(str(p)) > 107 for p in deep.iterdir())
+
+
+def test_another_shell_finds_a_mount_whose_runtime_directory_is_elsewhere(stores, tmp_path, mount, monkeypatch):
+    """Issue 50: a job's mount keeps its control socket in the job's own runtime directory, which another shell of the
+    user (ssh to the node while the job runs) does not know: ``fanfs stats`` and ``fanfs umount`` there found no daemon.
+    They now find the socket its daemon bound (the kernel lists bound sockets), served by the mount's user."""
+    job = tmp_path / "job-run"
+    monkeypatch.setenv("FANFS_RUNTIME_DIR", str(job))
+    with mount(stores / "plain") as mnt:
+        (pid,) = daemon_pids(mnt)
+        shell = {**os.environ, "FANFS_RUNTIME_DIR": str(tmp_path / "shell-run")}
+        assert json.loads(fanfs("stats", mnt, "--json", env=shell).stdout)["reads"] == 0
+        assert fanfs("umount", mnt, env=shell).stdout.startswith("unmounted")
+        assert not os.path.ismount(mnt) and wait_ended(pid, 0)  # the daemon was found, and waited for
+    assert not any(p.suffix == ".sock" for p in (tmp_path / "shell-run").iterdir())

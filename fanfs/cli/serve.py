@@ -303,6 +303,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "access to the store's directory)")
     p.add_argument("--json", action="store_true", help="the curve and the recommendation as JSON on stdout")
 
-    p = command("stats", cmd_stats, "what a running mount has served")
-    p.add_argument("mountpoint", help="a running fanfs mount (or a node directory served with --no-mount)")
+    p = command("stats", cmd_stats, "what a running mount has served; with no mount point, every fanfs mount of "
+                "this node")
+    p.add_argument("mountpoint", nargs="?",
+                   help="a running fanfs mount (or a node directory served with --no-mount); a job's mount is found "
+                        "from any shell, and root may inspect any user's mount (none: list every fanfs mount of this "
+                        "node, whose it is, its store and, for yours, or all for root, its daemon and reads)")
     p.add_argument("--json", action="store_true", help="the counters as JSON (settings as their options write them)")

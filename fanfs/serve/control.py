@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pwd
 import socket
 import struct
 import threading
@@ -25,15 +26,23 @@ from typing import Any
 from ..errors import FanfsError, UsageError
 from .. import records
 from ..records import FULL
-from ..util.mounts import mounted
+from ..util.mounts import mount_owner, mounted
 from ..util.runtime import create_private, runtime_dir
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 MAX_MESSAGE = 1 << 16
 
 
+INSPECTING = frozenset({"status", "stats"})
+"""The requests a daemon answers root too (an administrator inspecting any user's mount); others, only its user."""
+
+
+def _name(mountpoint: str) -> str:
+    return hashlib.sha1(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:16]
+
+
 def _stem(mountpoint: str) -> str:
-    return os.path.join(runtime_dir(), hashlib.sha1(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:16])
+    return os.path.join(runtime_dir(), _name(mountpoint))
 
 
 def socket_path(mountpoint: str) -> str:
@@ -72,29 +81,82 @@ class DaemonEnded(ControlError):
     """A dead mount: its daemon ended (a kill -9, the OOM killer) without unmounting it."""
 
 
-def _connect(sock: socket.socket, mountpoint: str) -> None:
-    """Connect to the daemon of ``mountpoint``.  Its socket there with nothing listening, on a mount point that is
-    still mounted, is a daemon that ended without unmounting (it removes its socket as it ends): said so."""
-    path = socket_path(mountpoint)
+def _connect(mountpoint: str, timeout: float) -> socket.socket:
+    """A socket connected to the daemon of ``mountpoint``: the one in this user's runtime directory or, if there is
+    none there (a job's mount, whose runtime directory is the job's own; root inspecting another user's mount), the
+    one its daemon bound elsewhere (:func:`_bound_elsewhere`), served by the mount's user.  Its socket here with
+    nothing listening, on a mount point still mounted, is a daemon that ended without unmounting (it removes its
+    socket as it ends): said so."""
     try:
-        with _address(path) as address:
-            sock.connect(address)
+        return _dial(socket_path(mountpoint), timeout, os.getuid(), mountpoint)
+    except ControlError:
+        raise
     except OSError as err:
         if err.errno == errno.ECONNREFUSED and mounted(mountpoint):
             raise DaemonEnded(f"{mountpoint} is a dead mount: its fanfs daemon has ended (killed?); 'fanfs umount "
                               f"{mountpoint}' removes it, then mount again") from None
-        raise ControlError(f"no fanfs daemon answers for {mountpoint} ({err.strerror})") from None
+        failure = err.strerror
+    owner = mount_owner(mountpoint)
+    if owner is not None and os.getuid() not in (owner, 0):
+        raise ControlError(f"{mountpoint} is mounted by {user_name(owner)}, not by you: only they (or root, to "
+                           "inspect it) can talk to its daemon")
+    for path in _bound_elsewhere(mountpoint):
+        with contextlib.suppress(OSError):  # gone meanwhile, or another user's (a ControlError): never spoken to
+            sock = _dial(path, min(timeout, 5.0), os.getuid() if owner is None else owner, mountpoint)
+            sock.settimeout(timeout)
+            return sock
+    raise ControlError(f"no fanfs daemon answers for {mountpoint} ({failure})")
+
+
+def _dial(path: str, timeout: float, uid: int, mountpoint: str) -> socket.socket:
+    """A socket connected to ``path``, served by ``uid``: another user's socket (an impostor daemon) is closed before a
+    byte is sent."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        with _address(path) as address:
+            sock.connect(address)
+        if (served := _peer_uid(sock)) != uid:
+            whom = "you" if uid == os.getuid() else f"uid {uid}, whose mount it is"
+            raise ControlError(f"the control socket of {mountpoint} is served by uid {served}, not by {whom}: refusing "
+                               "to talk to it")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _bound_elsewhere(mountpoint: str) -> list[str]:
+    """Paths of Unix sockets bound with the name of ``mountpoint``'s control socket in any directory, from the kernel's
+    list of this network namespace's sockets (``/proc/net/unix``): whoever bound them (the caller checks who serves
+    one before it speaks).  A socket bound through ``/proc/self/fd`` (a runtime directory deeper than an address
+    holds) is not found so."""
+    name = "/" + _name(mountpoint) + ".sock"
+    try:
+        with open("/proc/net/unix", errors="replace") as f:
+            rows = [line.rstrip("\n").split(None, 7) for line in f]
+    except OSError:
+        return []
+    return [row[7] for row in rows if len(row) == 8 and row[7].endswith(name) and row[7].startswith("/")
+            and not row[7].startswith("/proc/")]
+
+
+def user_name(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` for a uid with no name."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def daemon_ended(mountpoint: str) -> bool:
     """Whether ``mountpoint`` is a dead mount of this user's fanfs (:class:`DaemonEnded`)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
-            _connect(sock, mountpoint)
-        except DaemonEnded:
-            return True
-        except ControlError:
-            pass
+    try:
+        _connect(mountpoint, 5.0).close()
+    except DaemonEnded:
+        return True
+    except ControlError:
+        pass
     return False
 
 
@@ -150,12 +212,7 @@ def _peer_uid(sock: socket.socket) -> int:
 
 def request(mountpoint: str, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
     """Send one request to the daemon of ``mountpoint`` and return its JSON answer."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        _connect(sock, mountpoint)
-        if _peer_uid(sock) != os.getuid():
-            raise ControlError(f"the control socket of {mountpoint} is served by uid {_peer_uid(sock)}, not by you: "
-                               "refusing to talk to it")
+    with _connect(mountpoint, timeout) as sock:
         sock.sendall(json.dumps(message).encode() + b"\n")
         data = _recv_line(sock)
     try:
@@ -230,11 +287,13 @@ class ControlServer:
             with conn:
                 try:
                     conn.settimeout(10)
-                    if _peer_uid(conn) != os.getuid():
+                    if (peer := _peer_uid(conn)) not in (os.getuid(), 0):
                         raise ValueError("not your mount")
                     message = json.loads(_recv_line(conn))
                     if not isinstance(message, dict):
                         raise ValueError("a request is a JSON object")
+                    if peer != os.getuid() and message.get("cmd") not in INSPECTING:
+                        raise ValueError(f"not your mount: root may only inspect it ({', '.join(sorted(INSPECTING))})")
                     handler = self.handlers.get(message.get("cmd"))
                     if handler is None:
                         raise ValueError(f"unknown command {message.get('cmd')!r}")

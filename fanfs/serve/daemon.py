@@ -24,7 +24,7 @@ from ..store import Store
 from ..store.format import INDEX_NAME, SHARD_DIR
 from ..store.resident import ANSWERS
 from ..util.deadline import Deadline, Stalled, deadline_for, within
-from ..util.mounts import mounted, unmount
+from ..util.mounts import mount_owner, mounted, unmount
 from ..util.processes import held_in_kernel, wait_ended
 from ..util.runtime import runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
@@ -306,6 +306,9 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
         if not os.path.isdir(mountpoint):
             raise StoreError(f"{mountpoint}: no such directory")
         return False
+    if (owner := mount_owner(mountpoint)) is not None and os.getuid() not in (owner, 0):
+        raise StoreError(f"{mountpoint} is mounted by {control.user_name(owner)}, not by you: only they or root can "
+                         "unmount it")
     try:
         pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
     except (control.ControlError, KeyError, TimeoutError):
