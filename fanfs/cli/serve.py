@@ -35,7 +35,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
     if not job:  # before auto values are measured (seconds to minutes): a bad mount point is known at once
-        from ..serve.daemon import check_mountpoint
+        from ..serve.daemon import check_fuse, check_mountpoint
+        check_fuse()
         check_mountpoint(os.path.abspath(args.mountpoint), args.store)
     presentation = known(values) if job else resolved(args.store, values)
     options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,

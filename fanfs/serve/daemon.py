@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,28 @@ class Hooks:
     """More requests the control socket answers (a lazily staged node: "order")."""
     on_present: Callable[[Presentation], None] | None = None
     """The presentation was switched (in the control thread, once the switch is done)."""
+
+
+FUSE_DEVICE = "/dev/fuse"
+
+
+def check_fuse() -> None:
+    """Whether this user may mount with FUSE on this node, asked before anything is staged or measured: libfuse 3
+    loads, and /dev/fuse opens for reading and writing (a node that keeps it 0600, root's alone, refuses a plain
+    user: fusermount3 opens it as the user).  Else one line saying what to ask an administrator for, and what to do
+    without a mount."""
+    from .lowlevel import WITHOUT_MOUNT  # loads libfuse: one line (LibfuseError) unless a libfuse 3 it knows loads
+    try:
+        os.close(os.open(FUSE_DEVICE, os.O_RDWR | os.O_CLOEXEC))
+    except FileNotFoundError:
+        raise FanfsError(f"this node has no {FUSE_DEVICE} (the fuse kernel module): ask the administrator to load it "
+                         f"(modprobe fuse); {WITHOUT_MOUNT}") from None
+    except OSError as err:
+        st = os.stat(FUSE_DEVICE)
+        raise FanfsError(f"{FUSE_DEVICE} is not open to you ({err.strerror}: {stat.filemode(st.st_mode)}, "
+                         f"{control.user_name(st.st_uid)}'s): ask the administrator to make it crw-rw-rw- as "
+                         f"distributions ship it (a udev rule, or 'chmod 0666 {FUSE_DEVICE}' in a node prolog); "
+                         f"{WITHOUT_MOUNT}") from None
 
 
 def check_mountpoint(mountpoint: str, store_root: str, local_dir: str | None = None) -> None:
