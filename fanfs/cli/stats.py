@@ -47,7 +47,9 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
         lines.append(f"spliced    {human_size(stats['bytes_spliced'])} of it by the kernel from the shards' pages (extents), "
                      f"{human_size(stats['bytes_verified'])} of those pages read here once to verify them")
     if stats.get("readahead"):
-        lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files)")
+        low = ("; large files come in requests of that size: an administrator raises it, see the docs' Site notes"
+               if stats["readahead"] < 1 << 20 else "")
+        lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files{low})")
     if "reads_in_memory" in stats:
         lines.append(f"requests   {stats['reads_in_memory']:,} answered at once (their bytes were in memory), "
                      f"{stats['reads_deferred']:,} by threads that waited on a disk or a peer")

@@ -31,7 +31,7 @@ from ..util.runtime import runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
 from . import control
 from .logfile import detach, log_tail, setup_logging
-from .readahead import PREFETCH, READAHEAD
+from .readahead import PREFETCH, READAHEAD, current
 
 log = logging.getLogger("fanfs")
 
@@ -255,7 +255,8 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
     def stats(message: dict[str, Any]) -> dict[str, Any]:
         parts = processes.counters() if processes is not None else [counters()]
         summed = merge_counters(parts)
-        return {"store": store.root, **fs.presentation, "workers": options.workers, "readahead": fs.readahead(),
+        window = current(mountpoint) or fs.readahead()  # now: an administrator may have raised it since
+        return {"store": store.root, **fs.presentation, "workers": options.workers, "readahead": window,
                 "reads_by_process": [part["reads"] for part in parts], **summed,
                 "notes": presentation_notes(store.index, fs.presentation), "side_names": side_names(store.index),
                 "layered": layered,
