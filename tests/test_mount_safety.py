@@ -209,3 +209,21 @@ def test_another_shell_finds_a_mount_whose_runtime_directory_is_elsewhere(stores
         assert fanfs("umount", mnt, env=shell).stdout.startswith("unmounted")
         assert not os.path.ismount(mnt) and wait_ended(pid, 0)  # the daemon was found, and waited for
     assert not any(p.suffix == ".sock" for p in (tmp_path / "shell-run").iterdir())
+
+
+def test_marks_of_ended_mounts_do_not_pile_up(stores, tmp_path, mount, monkeypatch):
+    """Issue 50: each mount point ever mounted left an empty ``.ended`` mark in the runtime directory for good.  Now
+    the directory keeps the newest marks (enough for 'fanfs umount' of a mount that ended to say so), the others go."""
+    from fanfs.serve.control import ENDED_MARKS
+    run = tmp_path / "run"
+    monkeypatch.setenv("FANFS_RUNTIME_DIR", str(run))
+    run.mkdir(mode=0o700)
+    for i in range(3 * ENDED_MARKS):  # marks of mounts long gone
+        (run / f"{i:016x}.ended").touch()
+        os.utime(run / f"{i:016x}.ended", (1e9 + i, 1e9 + i))
+    with mount(stores / "plain") as mnt:
+        pass
+    marks = [p for p in run.iterdir() if p.suffix == ".ended"]
+    assert len(marks) == ENDED_MARKS, len(marks)
+    assert "ended already" in fanfs("umount", mnt).stdout  # its own mark kept: the newest
+    assert (run / f"{3 * ENDED_MARKS - 1:016x}.ended").exists() and not (run / f"{0:016x}.ended").exists()

@@ -201,8 +201,27 @@ class MountLock:
         if self.fd >= 0 and self._named_by_path():
             with contextlib.suppress(OSError):  # a mark only: 'fanfs umount' then knows a mount was here
                 os.close(create_private(self.path.removesuffix(".lock") + ".ended"))
+                _forget_old_marks(os.path.dirname(self.path))
             os.unlink(self.path)
         self.release()
+
+
+ENDED_MARKS = 64
+"""Marks of ended mounts a runtime directory keeps (the newest): a node of many mount points (a test suite, a
+user's scripts) must not pile them up for ever."""
+
+
+def _forget_old_marks(directory: str) -> None:
+    """Remove all but the newest :data:`ENDED_MARKS` marks of ended mounts in ``directory``."""
+    marks = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.endswith(".ended"):
+                with contextlib.suppress(OSError):
+                    marks.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
+    for _, path in sorted(marks, reverse=True)[ENDED_MARKS:]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _peer_uid(sock: socket.socket) -> int:
