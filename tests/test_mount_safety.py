@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -196,19 +197,28 @@ def test_a_runtime_dir_deeper_than_a_socket_address_works(stores, tmp_path, moun
         assert any(p.suffix == ".sock" and len(str(p)) > 107 for p in deep.iterdir())
 
 
-def test_another_shell_finds_a_mount_whose_runtime_directory_is_elsewhere(stores, tmp_path, mount, monkeypatch):
+@pytest.mark.parametrize("depth", ["short", "deeper than a socket address"])
+def test_another_shell_finds_a_mount_whose_runtime_directory_is_elsewhere(stores, tmp_path, mount, monkeypatch, depth):
     """Issue 50: a job's mount keeps its control socket in the job's own runtime directory, which another shell of the
     user (ssh to the node while the job runs) does not know: ``fanfs stats`` and ``fanfs umount`` there found no daemon.
-    They now find the socket its daemon bound (the kernel lists bound sockets), served by the mount's user."""
-    job = tmp_path / "job-run"
+    They now find the socket its daemon bound (the kernel lists bound sockets; one bound through its directory's
+    descriptor, beside the lock file its daemon holds), served by the mount's user."""
+    job = Path(tempfile.mkdtemp(prefix="fanfs-test-run-", dir="/tmp")) if depth == "short" else \
+        tmp_path / ("d" * 60) / ("e" * 60) / "run"
+    job.parent.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("FANFS_RUNTIME_DIR", str(job))
-    with mount(stores / "plain") as mnt:
-        (pid,) = daemon_pids(mnt)
-        shell = {**os.environ, "FANFS_RUNTIME_DIR": str(tmp_path / "shell-run")}
-        assert json.loads(fanfs("stats", mnt, "--json", env=shell).stdout)["reads"] == 0
-        assert fanfs("umount", mnt, env=shell).stdout.startswith("unmounted")
-        assert not os.path.ismount(mnt) and wait_ended(pid, 0)  # the daemon was found, and waited for
-    assert not any(p.suffix == ".sock" for p in (tmp_path / "shell-run").iterdir())
+    try:
+        with mount(stores / "plain") as mnt:
+            (pid,) = daemon_pids(mnt)
+            assert (len(str(socket_path(str(mnt)))) < 100) == (depth == "short")
+            shell = {**os.environ, "FANFS_RUNTIME_DIR": str(tmp_path / "shell-run")}
+            assert json.loads(fanfs("stats", mnt, "--json", env=shell).stdout)["reads"] == 0
+            assert fanfs("umount", mnt, env=shell).stdout.startswith("unmounted")
+            assert not os.path.ismount(mnt) and wait_ended(pid, 0)  # the daemon was found, and waited for
+        assert not any(p.suffix == ".sock" for p in (tmp_path / "shell-run").iterdir())
+    finally:
+        if depth == "short":
+            shutil.rmtree(job, ignore_errors=True)
 
 
 def test_marks_of_ended_mounts_do_not_pile_up(stores, tmp_path, mount, monkeypatch):

@@ -129,16 +129,34 @@ def _dial(path: str, timeout: float, uid: int, mountpoint: str) -> socket.socket
 def _bound_elsewhere(mountpoint: str) -> list[str]:
     """Paths of Unix sockets bound with the name of ``mountpoint``'s control socket in any directory, from the kernel's
     list of this network namespace's sockets (``/proc/net/unix``): whoever bound them (the caller checks who serves
-    one before it speaks).  A socket bound through ``/proc/self/fd`` (a runtime directory deeper than an address
-    holds) is not found so."""
-    name = "/" + _name(mountpoint) + ".sock"
+    one before it speaks).  One bound through ``/proc/self/fd`` (a runtime directory deeper than an address holds) is
+    found beside the lock file that the process holding it keeps open (:func:`_beside_its_lock`)."""
+    name = _name(mountpoint)
     try:
         with open("/proc/net/unix", errors="replace") as f:
-            rows = [line.rstrip("\n").split(None, 7) for line in f]
+            rows = [row for line in f if len(row := line.rstrip("\n").split(None, 7)) == 8
+                    and row[7].endswith(f"/{name}.sock")]
     except OSError:
         return []
-    return [row[7] for row in rows if len(row) == 8 and row[7].endswith(name) and row[7].startswith("/")
-            and not row[7].startswith("/proc/")]
+    found = [row[7] for row in rows if row[7].startswith("/") and not row[7].startswith("/proc/")]
+    deep = {f"socket:[{row[6]}]" for row in rows if row[7].startswith("/proc/")}
+    return found + (_beside_its_lock(deep, name) if deep else [])
+
+
+def _beside_its_lock(sockets: set[str], name: str) -> list[str]:
+    """The control sockets ``name.sock`` beside the lock files ``name.lock`` held open by the processes that hold one of
+    ``sockets`` (``socket:[INODE]``): a daemon holds both (only this user's processes, or root's view of all, are
+    seen)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        links = set()
+        with contextlib.suppress(OSError):  # another user's process, or gone
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        if sockets & links:
+            found += [link.removesuffix(".lock") + ".sock" for link in links if link.endswith(f"/{name}.lock")]
+    return found
 
 
 def user_name(uid: int) -> str:
