@@ -4,7 +4,8 @@
 The daemon reports readiness (or the reason it failed) through a pipe, holds the mount point's lock
 for its lifetime (a second mount of the same point is refused), and logs to a file beside its control
 socket, of at most 1 MiB (:mod:`.logfile`): the previous run's log is kept as ``.log.1``, and a run that ends
-cleanly without a warning removes its log.  Stopping: ``fanfs umount`` (:func:`fanfs.util.mounts.unmount`), or SIGTERM/SIGINT to the daemon.
+cleanly without a warning removes its log.  Stopping: ``fanfs umount`` (:func:`fanfs.util.mounts.unmount`), or
+SIGTERM/SIGINT to the daemon.
 """
 
 from __future__ import annotations
