@@ -31,10 +31,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
 @pytest.fixture
 def shared_tmp(monkeypatch):
     """A world-writable sticky temporary directory like /tmp (the other user must reach it), with no
-    runtime dir set in the environment."""
+    runtime dir set in the environment: the temporary directory of the commands and of this process (whose
+    tempfile module read $TMPDIR once already), so that both find the same runtime directory."""
     tmp = Path(tempfile.mkdtemp(prefix="fanfs-test-shared-", dir="/tmp"))
     os.chmod(tmp, 0o1777)
     monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     monkeypatch.delenv("FANFS_RUNTIME_DIR", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     yield tmp
