@@ -16,7 +16,7 @@ from fanfs_command import fanfs, stats_command
 from support.crafting import rewrite
 
 from fanfs.serve import control
-from fanfs.store.format import INDEX_NAME, SHARD_DIR
+from fanfs.store.format import INDEX_NAME, SHARD_DIR, SHARD_HEADER
 
 pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
 
@@ -90,8 +90,8 @@ def _copy_holding(directory: Path, size: int) -> Path:
 @pytest.mark.parametrize("copy", ["store", "staged", pytest.param("lazy", marks=pytest.mark.slow)])
 def test_an_extent_whose_copy_is_cut_after_it_was_verified_is_never_served_short(large_file, tmp_path, mount, copy):
     """Cut the copy an extent is spliced from once its chunks were verified: the read is the file's bytes from another
-    copy (the lazy cache reads through to the store), or EIO and a log line (no other copy: the store's own shard, a
-    node's staged share); never a shorter file, and the whole file again once the copy is whole."""
+    copy (a staged share and the lazy cache read from the store), or EIO and a log line (no other copy: the store's
+    own shard); never a shorter file, and the whole file again once the copy is whole."""
     src, original = large_file
     store = tmp_path / "store"
     shutil.copytree(original, store)
@@ -107,9 +107,9 @@ def test_an_extent_whose_copy_is_cut_after_it_was_verified_is_never_served_short
         try:
             got = path.read_bytes()
             assert got == want, "a short or wrong file"  # from another copy (the store's shard)
-            assert copy == "lazy", "no other copy: the read had to fail"
+            assert copy != "store", "no other copy: the read had to fail"
         except OSError as err:
-            assert err.errno == errno.EIO and copy != "lazy", err
+            assert err.errno == errno.EIO and copy == "store", err
             lines = [line for line in Path(control.log_path(str(mnt))).read_text().splitlines() if "EIO" in line]
             assert lines and all("big.raw" in line and "short read" in line for line in lines), lines
         assert path.stat().st_size == len(want)
@@ -151,3 +151,75 @@ def _never_the_changed_byte(path: Path, want: bytes) -> None:
         assert path.read_bytes() == want, "a changed byte was served"
     except OSError as err:
         assert err.errno == errno.EIO, err
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """60 small files over several shards."""
+    base = tmp_path_factory.mktemp("sharded")
+    src = base / "src"
+    src.mkdir()
+    rng = np.random.default_rng(50)
+    for i in range(60):
+        (src / f"{i:02d}.bin").write_bytes(rng.bytes(3000 + 97 * i))
+    fanfs("pack", src, base / "store", "--shard-size", "64K", "--quiet")
+    assert len(list((base / "store" / SHARD_DIR).iterdir())) >= 3
+    return src, base / "store"
+
+
+@pytest.mark.parametrize("damage", ["gone", "bad"])
+def test_a_staged_copy_gone_or_bad_under_a_mount_is_read_from_the_shared_store(sharded, tmp_path, mount, damage):
+    """Issue 50 (major 4): a node's staged shards removed (a wipe of the local disk) or damaged under its live mount:
+    every file reads right from the shared store, which was intact (it used to be EIO for every read), and fanfs stats
+    counts those bytes as read from the shared store."""
+    src, store = sharded
+    local = tmp_path / "local"
+    with mount(store, "--local-dir", str(local), "--stage") as mnt:
+        shards = sorted(p for p in local.iterdir() if p.name.isdigit())
+        assert len(shards) >= 3
+        for shard in shards:
+            if damage == "gone":
+                shard.unlink()
+            else:
+                with open(shard, "r+b") as f:
+                    size = f.seek(0, os.SEEK_END)
+                    f.seek(size // 2)
+                    f.write(bytes(size - size // 2))  # zeros over the blobs of the second half
+        for path in sorted(src.iterdir()):
+            assert (mnt / path.name).read_bytes() == path.read_bytes(), path.name
+        stats = stats_command(mnt)
+        assert stats["errors"] == 0 and stats["shared_bytes"] > 0, stats
+
+
+def test_a_failing_shard_is_logged_once_not_once_per_file(sharded, tmp_path, mount):
+    """Issue 50 (major 4): a cause is logged once, whichever of its shard's files meet it, not once per file (10,000
+    files gave 2.1 MB of log): a node's staged shards gone (each file read from the shared store), and a store's own
+    shards zeroed in part (each file there an EIO)."""
+    src, original = sharded
+    local = tmp_path / "local"
+    with mount(original, "--local-dir", str(local), "--stage") as mnt:
+        shards = sorted(p for p in local.iterdir() if p.name.isdigit())
+        for shard in shards:
+            shard.unlink()
+        for path in sorted(src.iterdir()):
+            assert (mnt / path.name).read_bytes() == path.read_bytes()
+        used = [line for line in Path(control.log_path(str(mnt))).read_text().splitlines() if "used shared store" in line]
+    assert 1 <= len(used) <= len(shards) < len(list(src.iterdir())), used
+    store = tmp_path / "store"
+    shutil.copytree(original, store)
+    with mount(store) as mnt:
+        for shard in (store / SHARD_DIR).iterdir():
+            with open(shard, "r+b") as f:  # the daemon keeps its descriptors: zeroed in place, as a bad disk does
+                size = f.seek(0, os.SEEK_END)
+                f.seek(SHARD_HEADER.size)
+                f.write(bytes(size - SHARD_HEADER.size))
+        failed = 0
+        for path in sorted(src.iterdir()):
+            for _ in range(2):
+                with pytest.raises(OSError) as err:
+                    (mnt / path.name).read_bytes()
+                assert err.value.errno == errno.EIO
+                failed += 1
+        eio = [line for line in Path(control.log_path(str(mnt))).read_text().splitlines() if " EIO " in line]
+        assert stats_command(mnt)["errors"] >= failed
+    assert 1 <= len(eio) <= len(list((store / SHARD_DIR).iterdir())) < len(list(src.iterdir())), eio

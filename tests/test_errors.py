@@ -9,6 +9,7 @@ import re
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -295,29 +296,76 @@ def test_an_unknown_libfuse_is_one_line_naming_what_is_supported(store, tmp_path
         assert not os.path.ismount(tmp_path / "mnt")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-def test_a_failed_mount_says_libfuse_s_reason_in_one_line(store):
-    """As nobody, with allow_other (which /etc/fuse.conf does not allow users) or without access to
-    /dev/fuse: the reason libfuse or fusermount3 gives is the error, not a traceback's last lines."""
+_WITH_DEV_FUSE = """
+set -e
+mount --bind "$1" /dev/fuse
+shift
+exec "$@"
+"""
+"""In a mount namespace of its own (nothing outside sees it): /dev/fuse replaced by ``$1`` (the same device, of the
+mode the test chose, whatever another test makes the host's meanwhile), then the command."""
+
+
+@pytest.fixture
+def nobody_s_place(store):
+    """A directory of nobody's in /tmp: the store readable by all, an empty mount point, a runtime directory and a
+    temporary directory; ``run(fuse_mode, *args)`` runs ``fanfs ARGS`` as nobody there, /dev/fuse of that mode."""
     base = Path(tempfile.mkdtemp(prefix="fanfs-test-nobody-", dir="/tmp"))
+    shutil.copytree(store / "store", base / "store")
+    for path in [base / "store", *(base / "store").rglob("*")]:  # packed in pytest's 0700 directory: private
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    for name in ("mnt", "run", "tmp"):
+        (base / name).mkdir()
+    os.chmod(base, 0o755)
+    for path in (base / "mnt", base / "run", base / "tmp", base):
+        os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+    env = {**os.environ, "FANFS_RUNTIME_DIR": str(base / "run"), "TMPDIR": str(base / "tmp")}
+
+    def run(fuse_mode: int, *args: object) -> subprocess.CompletedProcess:
+        device = base / f"fuse-{fuse_mode:o}"
+        if not device.exists():
+            os.mknod(device, fuse_mode | stat.S_IFCHR, os.stat("/dev/fuse").st_rdev)
+            os.chmod(device, fuse_mode)  # whatever the umask
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _WITH_DEV_FUSE, "sh",
+                               device, sys.executable, RUN_AS_NOBODY, *map(str, args)], capture_output=True, text=True,
+                              timeout=120, env=env)
+
     try:
-        shutil.copytree(store / "store", base / "store")
-        for path in [base / "store", *(base / "store").rglob("*")]:  # packed in pytest's 0700 directory: private
-            os.chmod(path, 0o755 if path.is_dir() else 0o644)
-        (base / "mnt").mkdir()
-        os.chmod(base, 0o755)
-        for path in (base / "mnt", base):
-            os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
-        done = subprocess.run([sys.executable, RUN_AS_NOBODY, "mount", base / "store",
-                               base / "mnt", "-o", "allow_other"], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "FANFS_RUNTIME_DIR": str(base / "run")})
-        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert re.search(r"cannot mount at \S+: (fuse: |fusermount3: ).*(/dev/fuse|allow_other)", done.stderr), done.stderr
-        assert "Traceback" not in done.stderr and "File " not in done.stderr and "[Errno" not in done.stderr
-        assert not os.path.ismount(base / "mnt")
+        yield base, run
     finally:
         force_unmount(base / "mnt")
         shutil.rmtree(base)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to act as another user")
+def test_a_failed_mount_says_libfuse_s_reason_in_one_line(nobody_s_place):
+    """As nobody, with allow_other (which /etc/fuse.conf does not allow users): the reason libfuse or fusermount3 gives
+    is the error, not a traceback's last lines."""
+    base, run = nobody_s_place
+    done = run(0o666, "mount", base / "store", base / "mnt", "-o", "allow_other")
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert re.search(r"cannot mount at \S+: (fuse: |fusermount3: ).*allow_other", done.stderr), done.stderr
+    assert "Traceback" not in done.stderr and "File " not in done.stderr and "[Errno" not in done.stderr
+    assert not os.path.ismount(base / "mnt")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to act as another user")
+def test_fuse_closed_to_the_user_is_one_line_before_anything_is_staged_or_made(nobody_s_place):
+    """Issue 50: a node whose /dev/fuse is 0600 refused a plain user's mount only after the job staged its shards (and
+    said nothing of FANFS_MOUNT=0), and ``tools/demo`` failed at its mount leaving its /tmp/fanfs-demo-* behind.  Now
+    FUSE is checked first: one line that says what to ask the administrator for and what to do without a mount;
+    nothing staged, no directory made, no demo directory left."""
+    base, run = nobody_s_place
+    for args in (("mount", base / "store", base / "mnt", "--local-dir", base / "local", "--stage"),
+                 ("mount", base / "store", base / "mnt"), ("demo",)):
+        done = run(0o600, *args)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, done.stderr
+        assert lines[0].startswith("fanfs: error: /dev/fuse is not open to you (Permission denied: crw-------, "
+                                   "root (uid 0)'s): ask the administrator to make it crw-rw-rw-"), lines
+        assert "--no-mount (FANFS_MOUNT=0 in a job)" in lines[0], lines
+        assert not os.path.ismount(base / "mnt")
+    assert not (base / "local").exists() and os.listdir(base / "tmp") == []  # nothing staged, no demo left
 
 
 @pytest.mark.slow

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 from fanfs_command import fanfs, force_unmount
-from support.nobody import as_nobody
+from support.nobody import RUN_AS_NOBODY, as_nobody
 
 from fanfs.serve import control
+from fanfs.util.processes import wait_ended
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                                 reason="needs root and setpriv to act as another user")
@@ -28,10 +31,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
 @pytest.fixture
 def shared_tmp(monkeypatch):
     """A world-writable sticky temporary directory like /tmp (the other user must reach it), with no
-    runtime dir set in the environment."""
+    runtime dir set in the environment: the temporary directory of the commands and of this process (whose
+    tempfile module read $TMPDIR once already), so that both find the same runtime directory."""
     tmp = Path(tempfile.mkdtemp(prefix="fanfs-test-shared-", dir="/tmp"))
     os.chmod(tmp, 0o1777)
     monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     monkeypatch.delenv("FANFS_RUNTIME_DIR", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     yield tmp
@@ -58,20 +63,44 @@ def refused(store: Path, mnt: Path) -> str:
     return done.stderr
 
 
-def test_a_runtime_dir_planted_by_another_user_is_refused(shared_tmp, small_store, tmp_path):
-    planted = shared_tmp / f"fanfs-{os.getuid()}"
-    as_nobody("mkdir", "-m", "0700", str(planted))
-    assert "belongs to uid" in refused(small_store, tmp_path / "mnt")
-    assert os.listdir(planted) == []  # nothing of ours was put there
-    assert "belongs to uid" in fanfs("stats", tmp_path / "mnt", check=False).stderr
+def squat(shared_tmp: Path, name: str, how: str) -> Path:
+    """``name`` in the shared temporary directory made first by another user (nobody): a directory (0700, or 0777
+    for anyone to fill), a symlink to one of theirs, or a file."""
+    path = shared_tmp / name
+    if how == "symlink":
+        as_nobody("mkdir", "-m", "0777", str(shared_tmp / f"theirs-{name}"))
+        as_nobody("ln", "-s", str(shared_tmp / f"theirs-{name}"), str(path))
+    elif how == "file":
+        as_nobody("touch", str(path))
+    else:
+        as_nobody("mkdir", "-m", how, str(path))
+    return path
 
 
-def test_a_symlink_planted_as_runtime_dir_is_refused(shared_tmp, small_store, tmp_path):
-    elsewhere = shared_tmp / "theirs"
-    as_nobody("mkdir", "-m", "0777", str(elsewhere))
-    as_nobody("ln", "-s", str(elsewhere), str(shared_tmp / f"fanfs-{os.getuid()}"))
-    assert "symbolic link" in refused(small_store, tmp_path / "mnt")
-    assert os.listdir(elsewhere) == []
+def test_no_user_can_make_fanfs_refuse_another_s_mount(shared_tmp, small_store, tmp_path):
+    """Issue 50: another user who makes ``fanfs-UID`` (and the names after it) first no longer refuses every mount
+    and ``fanfs stats`` of this user's: those names are passed over, nothing of ours goes into them, and every
+    command finds the same runtime directory, also once the squatter removes the name before it."""
+    uid = os.getuid()
+    planted = [squat(shared_tmp, f"fanfs-{uid}", "0700"), squat(shared_tmp, f"fanfs-{uid}.1", "symlink"),
+               squat(shared_tmp, f"fanfs-{uid}.2", "file"), squat(shared_tmp, f"fanfs-{uid}.3", "0777")]
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        fanfs("mount", small_store, mnt)
+        mine = shared_tmp / f"fanfs-{uid}.4"
+        assert [p.suffix for p in mine.iterdir() if p.suffix == ".sock"] == [".sock"]
+        assert fanfs("stats", mnt, "--json").returncode == 0
+        as_nobody("rmdir", str(planted[0]))  # the name before ours is free again: ours is still the one found
+        assert "present" not in fanfs("ctl", mnt, "--fidelity", "full").stderr
+        assert json.loads(fanfs("stats", mnt, "--json").stdout)["reads"] == 0
+        assert (mnt / "a.txt").read_text() == "a\n"
+        assert fanfs("umount", mnt).stdout.startswith("unmounted")
+    finally:
+        force_unmount(mnt)
+    assert not os.path.exists(planted[0])  # nothing of ours made in its place
+    assert [os.listdir(p) for p in planted[3:]] == [[]] and os.listdir(shared_tmp / f"theirs-fanfs-{uid}.1") == []
+    assert fanfs("umount", mnt, check=False).stdout.endswith("ended already); nothing to do\n")  # its mark found
 
 
 def test_a_world_writable_runtime_dir_is_refused(shared_tmp, small_store, tmp_path):
@@ -188,3 +217,65 @@ def test_a_daemon_answers_no_other_user(open_runtime_dir, small_store, mount):
                                "-c", _CLIENT, control.socket_path(str(mnt))], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"error": "not your mount"}, done.stdout
+
+
+@pytest.fixture
+def nobody_s_mount(small_store, fuse_for_users):
+    """A mount of nobody's (its daemon nobody's, its runtime directory nobody's own), and how to run fanfs as nobody;
+    unmounted however the test ends."""
+    mine = Path(tempfile.mkdtemp(prefix="fanfs-test-nobody-", dir="/tmp"))  # not under pytest's: closed to others
+    os.chmod(mine, 0o755)
+    shutil.copytree(small_store, mine / "store")
+    subprocess.run(["chmod", "-R", "a+rX", mine / "store"], check=True)
+    (mine / "mnt").mkdir()
+    shutil.chown(mine / "mnt", "nobody", "nogroup")
+    env = {**os.environ, "FANFS_RUNTIME_DIR": str(mine / "run")}
+    (mine / "run").mkdir(mode=0o700)
+    shutil.chown(mine / "run", "nobody", "nogroup")
+
+    def as_nobody(*args: object) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(RUN_AS_NOBODY), *map(str, args)], capture_output=True, text=True,
+                              env=env, timeout=120)
+
+    try:
+        assert as_nobody("mount", mine / "store", mine / "mnt").returncode == 0
+        yield mine / "mnt", as_nobody
+    finally:
+        as_nobody("umount", mine / "mnt")
+        force_unmount(mine / "mnt")
+        shutil.rmtree(mine, ignore_errors=True)
+
+
+def test_root_lists_and_inspects_any_user_s_mount_and_only_inspects_it(nobody_s_mount, small_store, tmp_path):
+    """Issue 50: root (an administrator, an epilog) could not query another user's mount, nor a job's (its runtime
+    directory is the job's own).  Now ``fanfs stats`` lists every fanfs mount of the node, whose it is, and, for root,
+    its daemon and reads; ``fanfs stats MNT`` inspects it (its daemon answers root's status and stats, nothing else:
+    a ``ctl`` is refused); root unmounts it, its daemon gone.  And nobody, given root's mount, is told it is not theirs
+    (``umount`` used to say "not found in /etc/mtab")."""
+    mnt, as_nobody = nobody_s_mount
+    assert subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat", str(mnt / "a.txt")],
+                          capture_output=True, text=True, check=True).stdout == "a\n"
+    listed = {row["mountpoint"]: row for row in json.loads(fanfs("stats", "--json").stdout)}
+    row = listed[str(mnt)]
+    assert row["user"] == f"nobody (uid {pwd.getpwnam('nobody').pw_uid})" and row["reads"] == 1, row
+    assert f"{mnt}  nobody (uid " in fanfs("stats").stdout
+    assert json.loads(fanfs("stats", mnt, "--json").stdout)["reads"] == 1  # root, from its own runtime directory
+    done = fanfs("ctl", mnt, "--fidelity", "full", check=False)
+    assert done.returncode == 1 and "root may only inspect it" in done.stderr, done.stderr
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    os.chmod(tmp_path, 0o755)
+    fanfs("mount", small_store, mine)
+    try:
+        for command in ("umount", "stats"):
+            done = as_nobody(command, mine)
+            assert done.returncode == 1 and f"{mine} is mounted by root (uid 0), not by you" in done.stderr, done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1
+        assert listed.get(str(mine)) is None
+        nobody_sees = {row["mountpoint"]: row for row in json.loads(as_nobody("stats", "--json").stdout)}
+        assert "reads" not in nobody_sees[str(mine)] and nobody_sees[str(mnt)]["reads"] == 1
+    finally:
+        fanfs("umount", mine)
+    pid = row["pid"]
+    assert fanfs("umount", mnt).stdout.startswith("unmounted")
+    assert not os.path.ismount(mnt) and wait_ended(pid, 0)  # its daemon waited for (gone, or a zombie)

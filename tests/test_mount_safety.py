@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from photo_samples import make_photo_set
 
 from fanfs.errors import FanfsError
 from fanfs.serve.control import request, socket_path
+from fanfs.util.processes import wait_ended
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +195,45 @@ def test_a_runtime_dir_deeper_than_a_socket_address_works(stores, tmp_path, moun
     with mount(stores / "plain") as mnt:
         assert "reads" in fanfs("stats", mnt).stdout
         assert any(p.suffix == ".sock" and len(str(p)) > 107 for p in deep.iterdir())
+
+
+@pytest.mark.parametrize("depth", ["short", "deeper than a socket address"])
+def test_another_shell_finds_a_mount_whose_runtime_directory_is_elsewhere(stores, tmp_path, mount, monkeypatch, depth):
+    """Issue 50: a job's mount keeps its control socket in the job's own runtime directory, which another shell of the
+    user (ssh to the node while the job runs) does not know: ``fanfs stats`` and ``fanfs umount`` there found no daemon.
+    They now find the socket its daemon bound (the kernel lists bound sockets; one bound through its directory's
+    descriptor, beside the lock file its daemon holds), served by the mount's user."""
+    job = Path(tempfile.mkdtemp(prefix="fanfs-test-run-", dir="/tmp")) if depth == "short" else \
+        tmp_path / ("d" * 60) / ("e" * 60) / "run"
+    job.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("FANFS_RUNTIME_DIR", str(job))
+    try:
+        with mount(stores / "plain") as mnt:
+            (pid,) = daemon_pids(mnt)
+            assert (len(str(socket_path(str(mnt)))) < 100) == (depth == "short")
+            shell = {**os.environ, "FANFS_RUNTIME_DIR": str(tmp_path / "shell-run")}
+            assert json.loads(fanfs("stats", mnt, "--json", env=shell).stdout)["reads"] == 0
+            assert fanfs("umount", mnt, env=shell).stdout.startswith("unmounted")
+            assert not os.path.ismount(mnt) and wait_ended(pid, 0)  # the daemon was found, and waited for
+        assert not any(p.suffix == ".sock" for p in (tmp_path / "shell-run").iterdir())
+    finally:
+        if depth == "short":
+            shutil.rmtree(job, ignore_errors=True)
+
+
+def test_marks_of_ended_mounts_do_not_pile_up(stores, tmp_path, mount, monkeypatch):
+    """Issue 50: each mount point ever mounted left an empty ``.ended`` mark in the runtime directory for good.  Now
+    the directory keeps the newest marks (enough for 'fanfs umount' of a mount that ended to say so), the others go."""
+    from fanfs.serve.listener import ENDED_MARKS
+    run = tmp_path / "run"
+    monkeypatch.setenv("FANFS_RUNTIME_DIR", str(run))
+    run.mkdir(mode=0o700)
+    for i in range(3 * ENDED_MARKS):  # marks of mounts long gone
+        (run / f"{i:016x}.ended").touch()
+        os.utime(run / f"{i:016x}.ended", (1e9 + i, 1e9 + i))
+    with mount(stores / "plain") as mnt:
+        pass
+    marks = [p for p in run.iterdir() if p.suffix == ".ended"]
+    assert len(marks) == ENDED_MARKS, len(marks)
+    assert "ended already" in fanfs("umount", mnt).stdout  # its own mark kept: the newest
+    assert (run / f"{3 * ENDED_MARKS - 1:016x}.ended").exists() and not (run / f"{0:016x}.ended").exists()

@@ -77,7 +77,7 @@ def test_one_node_staged_at_k_serves_k_locally_and_more_from_the_shared_store(ph
         above = int(index.blob_stored[~read_at_k].sum())
         assert stats["shared_bytes"] == above and stats["by_source"][str(local)] >= at_k
         assert set(stats["by_source"]) == {str(local), "shared store"}
-        assert "read from the shared store above it" in fanfs("stats", mnt).stdout
+        assert "read from the shared store (above it" in fanfs("stats", mnt).stdout
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from support.processes import kernel_state, stop
 
 from fanfs.serve.control import log_path
 from fanfs.store import Store
+from fanfs.store.format import shard_name
 from fanfs.util import deadline
 from fanfs.util.deadline import Deadline, Stalled
 from fanfs.util import mounts
@@ -138,14 +139,16 @@ def frozen(tmp_path, request):
         store.close()
 
 
-def umount_frozen(mnt: Path) -> list[int]:
+def umount_frozen(mnt: Path, held: bool = False) -> list[int]:
     """``fanfs umount`` while the store is frozen, a read given up on: it succeeds and the mount is gone; the daemon
-    has ended (but for a thread of that read that may wait in the kernel on sshfs until it answers); its pids."""
+    has ended (but for a thread of that read that may wait in the kernel on sshfs until it answers: ``held``, it does,
+    and umount says so); its pids."""
     pids = daemon_pids(mnt)
     assert pids
     done = fanfs("umount", mnt, check=False, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "killed" not in done.stderr  # the daemon ended by itself, stalled store or not
+    assert not held or "threads of it wait in the kernel" in done.stderr, done.stderr
     assert not mounts.mounted(mnt)
     return pids
 
@@ -212,6 +215,34 @@ def test_a_mount_staged_at_k_reads_the_layers_above_from_a_frozen_store_in_time(
         finally:
             frozen.thaw()
     gone(pids)
+
+
+@pytest.mark.slow
+def test_a_staged_copy_gone_reads_the_frozen_store_on_a_thread_in_time(frozen, tmp_path):
+    """Issue 50: a node's staged copy removed under its mount falls back to the shared store; that store frozen, the
+    read fails in time (--store-timeout), waited on by a thread: the serving loop still answers the staged files at
+    once; thawed, the same mount reads the file from the store."""
+    with mounted(frozen.path, tmp_path / "mnt", "--local-dir", tmp_path / "local", "--stage", "--store-timeout",
+                 TIMEOUT, "--workers", "1") as mnt:
+        try:
+            store = Store(str(frozen.base / "store"))
+            for name in ("f4.bin", "f5.bin"):  # a shard each
+                (tmp_path / "local" / shard_name(int(store.index.shard[store.lookup(os.fsencode(name))]))).unlink()
+            store.close()
+            frozen.freeze()
+            waiting = subprocess.Popen(["cat", mnt / "f4.bin"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for name in ("f1.bin", "f2.bin", "f3.bin"):  # staged: answered while f4's read waits on the store
+                assert frozen.read(mnt / name) == frozen.data[name]
+            assert waiting.wait(60) == 1 and b"Input/output error" in waiting.stderr.read()
+            assert frozen.read(mnt / "f5.bin") == "EIO"
+            frozen.thaw()
+            for name in ("f4.bin", "f5.bin"):  # once the reads given up on have returned (no copy at all: EIO for ever)
+                until = time.monotonic() + 60
+                while (got := frozen.read(mnt / name)) == "EIO" and time.monotonic() < until:
+                    time.sleep(0.1)
+                assert got == frozen.data[name]
+        finally:
+            frozen.thaw()
 
 
 def ended(frozen: FreezableStore, *args: str | os.PathLike, freeze: Callable[[int], bool] = lambda pid: True
@@ -327,7 +358,7 @@ def test_umount_ends_the_daemon_while_every_thread_of_sshfs_waits_on_the_frozen_
                 while _waiting_in_the_kernel(holder.pid) < len(others):  # sent to sshfs, or queued: no thread free
                     assert holder.poll() is None
                     time.sleep(0.05)
-                pids = umount_frozen(mnt)
+                pids = umount_frozen(mnt, held=True)
             finally:
                 frozen.thaw()
         gone(pids)
@@ -370,6 +401,42 @@ def test_umount_kills_a_daemon_stuck_on_its_store(frozen, tmp_path):
             gone(pids)
         finally:
             frozen.thaw()
+
+
+_EXITS_LARGE = """
+import os, sys, threading
+memory = bytearray(256 << 20)
+memory[::4096] = b"\\x01" * (len(memory) // 4096)  # every page touched
+stop = threading.Event()
+for _ in range(8):
+    threading.Thread(target=stop.wait, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.readline()
+os._exit(0)
+"""
+
+
+def test_a_daemon_tearing_down_its_memory_as_it_exits_is_not_said_to_wait_in_the_kernel():
+    """Issue 49 (sixth audit, defect 13) and 50: twice ``fanfs umount`` of a healthy local mount warned that its
+    daemon's threads "wait in the kernel on a file system that does not answer".  A process that exits has its first
+    thread a zombie while its last one, in its exit, tears down its memory (256 MiB here: the moment is likely): asked
+    once in that moment, ``exited(pid, held=True)`` said yes.  Asked all along the exit, umount's question never
+    does; a thread really held stays there (``test_umount_ends_the_daemon_while_every_thread_of_sshfs_waits...``)."""
+    from fanfs.util.processes import held_in_kernel, thread_states
+    for _ in range(3):
+        child = subprocess.Popen([sys.executable, "-c", _EXITS_LARGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert child.stdout.readline() == "ready\n"
+            child.stdin.write("\n")
+            child.stdin.flush()
+            said = []
+            while {state for state, _ in thread_states(child.pid).values()} - {b"Z"}:  # until its last thread is gone
+                said.append(held_in_kernel(child.pid))
+            assert not any(said), f"said held {sum(said)} times of {len(said)}"
+        finally:
+            child.kill()
+            child.wait()
 
 
 def test_reads_fail_at_once_while_stalled_but_a_probe_each_timeout_and_none_past_the_cap(monkeypatch):

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FanfsError
-from ..serve.control import Background
+from ..serve.listener import Background
 from ..store.format import FILE
 from ..store.index import Index
 from ..util.files import open_regular

@@ -50,7 +50,7 @@ def ready_copies(store_root: str, local_dir: str, how: str, replicas: int, world
     """Make this node's local copies ready to serve (collective when staging, ``how`` "full"); the presentation they
     hold (``how`` "lazy": the one whose blobs the cache keeps first).  Staged copies of this node missing or short
     (a staging cut short, a disk wiped): an error for a node ``alone``, whose blobs nothing else holds; in a job a
-    warning, their reads going to the replicas."""
+    warning, their reads going to the replicas or the shared store."""
     if how == "lazy":
         return presentation
     if how:
@@ -67,7 +67,7 @@ def ready_copies(store_root: str, local_dir: str, how: str, replicas: int, world
                          f"(first: {shard_name(missing[0])}): run 'fanfs stage' or mount with --stage")
     if missing:
         log.warning("%s: %d shard copies of this node are missing or incomplete (first: %s); their reads go "
-                    "to replicas", local_dir, len(missing), shard_name(missing[0]))
+                    "to replicas or the shared store", local_dir, len(missing), shard_name(missing[0]))
     return staged
 
 

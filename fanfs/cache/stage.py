@@ -269,8 +269,10 @@ def staged_presentation(local_dir: str, store_id: str) -> Presentation | None:
 
 @dataclass
 class StagedShare:
-    """Where a node reads its blobs from: the ones it staged from ``local``, the layers no node staged
-    (a job staged at fidelity K, read above it) from ``shared``, the store's own shards."""
+    """Where a node reads its blobs from: the ones it staged from ``local``; the layers no node staged (a job staged
+    at fidelity K, read above it), and any blob whose staged copies are missing or bad (a wiped or damaged local
+    disk), from ``shared``, the store's own shards, last: opened when first read, and on a network file system read
+    by a thread, never the serving loop, within the store's deadline."""
 
     presentation: Presentation
     staged: np.ndarray  # a bool per blob: read at the staged presentation
@@ -291,8 +293,9 @@ def staged_share(store_root: str, local_dir: str, index: Index, presentation: Pr
     """The sources of a node holding the blobs ``held`` (placement), staged at ``presentation``."""
     staged = blobs_read(index, presentation)
     store_id = bytes.fromhex(index.meta["store_id"])
+    every = np.ones(staged.size, bool)  # the shared store holds them all: it serves what no copy here or a peer can
     return StagedShare(presentation, staged, HeldShards(local_dir, store_id, held & staged),
-                       HeldShards(os.path.join(store_root, SHARD_DIR), store_id, ~staged, name="shared store"))
+                       HeldShards(os.path.join(store_root, SHARD_DIR), store_id, every, name="shared store"))
 
 
 def _forget_staged(local_dir: str) -> None:

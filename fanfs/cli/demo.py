@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import shutil
 import subprocess
 import tempfile
 import time
@@ -41,7 +42,19 @@ def _pixels(data: bytes) -> bytes:
 
 
 def run_demo(workdir: str | None = None, keep: bool = False) -> int:
+    """The demo in ``workdir`` (default: a new temporary directory, removed at the end, whatever happened, unless
+    ``keep``).  FUSE is checked first: where this user may not mount, one line says what to ask for, nothing made."""
+    from ..serve.daemon import check_fuse
+    check_fuse()
     base = Path(workdir or tempfile.mkdtemp(prefix="fanfs-demo-"))
+    try:
+        return _demo(base)
+    finally:
+        if not keep and workdir is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _demo(base: Path) -> int:
     base.mkdir(parents=True, exist_ok=True)
     src, store, mnt = base / "sample", base / "sample.fanfs", base / "mnt"
     if not src.exists():
@@ -78,7 +91,4 @@ def run_demo(workdir: str | None = None, keep: bool = False) -> int:
     digest = hashlib.sha256(b"".join(full[k] for k in sorted(full))).hexdigest()[:16]
     print(f"\nsummary: {files} files, {human_size(nbytes)} read back, {failures} mismatches, "
           f"content digest {digest}")
-    if not keep and workdir is None:
-        import shutil
-        shutil.rmtree(base, ignore_errors=True)
     return 1 if failures else 0

@@ -88,7 +88,7 @@ def _chosen(given: list[str] | None) -> list[str]:
             chosen.append(path)
         return chosen
     found = []
-    for mount in fanfs_mounts():
+    for mount in (found_mount.mountpoint for found_mount in fanfs_mounts() if found_mount.owner in (None, os.getuid())):
         try:
             request(mount, {"cmd": "status"}, timeout=10)
         except (ControlError, OSError):

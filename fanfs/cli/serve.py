@@ -35,7 +35,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     values = presentation_values(args)
     job = args.local_dir is not None  # a job resolves auto values once, for every node
     if not job:  # before auto values are measured (seconds to minutes): a bad mount point is known at once
-        from ..serve.daemon import check_mountpoint
+        from ..serve.daemon import check_fuse, check_mountpoint
+        check_fuse()
         check_mountpoint(os.path.abspath(args.mountpoint), args.store)
     presentation = known(values) if job else resolved(args.store, values)
     options = MountOptions(cache_size=args.cache_size, presentation=presentation, foreground=args.foreground,
@@ -308,6 +309,10 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                         "access to the store's directory)")
     p.add_argument("--json", action="store_true", help="the curve and the recommendation as JSON on stdout")
 
-    p = command("stats", cmd_stats, "what a running mount has served")
-    p.add_argument("mountpoint", help="a running fanfs mount (or a node directory served with --no-mount)")
+    p = command("stats", cmd_stats, "what a running mount has served; with no mount point, every fanfs mount of "
+                "this node")
+    p.add_argument("mountpoint", nargs="?",
+                   help="a running fanfs mount (or a node directory served with --no-mount); a job's mount is found "
+                        "from any shell, and root may inspect any user's mount (none: list every fanfs mount of this "
+                        "node, whose it is, its store and, for yours, or all for root, its daemon and reads)")
     p.add_argument("--json", action="store_true", help="the counters as JSON (settings as their options write them)")

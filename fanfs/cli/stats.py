@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..util.units import counted, human_size
 from .args import print_json
@@ -15,6 +16,8 @@ STATS_NEEDS = ("store", "workers", "reads", "reads_by_process", "errors", "bytes
 def cmd_stats(args: argparse.Namespace) -> int:
     from ..records import Presentation, setting
     from ..serve.control import request
+    if args.mountpoint is None:
+        return _list_mounts(args.json)
     stats = request(args.mountpoint, {"cmd": "stats"}, needs=(*STATS_NEEDS, *Presentation.NAMES))
     shown = Presentation({name: stats[name] for name in Presentation.NAMES}).describe()
     if args.json:  # settings as their options write them ("full", "4", "1/2"), not their codes (65535)
@@ -48,7 +51,9 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
         lines.append(f"spliced    {human_size(stats['bytes_spliced'])} of it by the kernel from the shards' pages (extents), "
                      f"{human_size(stats['bytes_verified'])} of those pages read here once to verify them")
     if stats.get("readahead"):
-        lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files)")
+        low = ("; large files come in requests of that size: an administrator raises it, see the docs' Site notes"
+               if stats["readahead"] < 1 << 20 else "")
+        lines.append(f"readahead  {human_size(stats['readahead'])} (the kernel's, in the mount's files{low})")
     if "reads_in_memory" in stats:
         lines.append(f"requests   {stats['reads_in_memory']:,} answered at once (their bytes were in memory), "
                      f"{stats['reads_deferred']:,} by threads that waited on a disk or a peer")
@@ -79,7 +84,8 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
         lines += _ahead_lines(stats["prefetch"])
     elif "staged" in stats:
         staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
-        lines.append(f"staged     at {staged}; read from the shared store above it: {human_size(stats['shared_bytes'])}")
+        lines.append(f"staged     at {staged}; read from the shared store (above it, or no good copy here): "
+                     f"{human_size(stats['shared_bytes'])}")
     if "cluster" in stats:
         c = stats["cluster"]
         lines.append(f"node       rank {c['rank']} of {c['nodes']}, {c['local_blobs']:,} blobs held, {c['replicas']} replicas")
@@ -138,3 +144,35 @@ def _ahead_lines(ahead: dict) -> list[str]:
             f"their turn, {ahead['given_up']:,} given up",
             f"           now {ahead['ahead_files']:,} files, {human_size(ahead['ahead_bytes'])} ahead (budget "
             f"{human_size(ahead['budget'])}){waiting}; order: {streams}"]
+
+
+def _list_mounts(as_json: bool) -> int:
+    """``fanfs stats`` with no mount point: every fanfs mount of this node (from the kernel's mount table), whose it is
+    and of which store, and for those this user may inspect (their own; root: every user's) its daemon and reads."""
+    from ..serve.control import ControlError, request, user_name
+    from ..util.mounts import fanfs_mounts
+    rows = []
+    for found in fanfs_mounts():
+        row: dict = {"mountpoint": found.mountpoint, "store": found.store, "uid": found.owner,
+                     "user": user_name(found.owner) if found.owner is not None else "?"}
+        if os.getuid() in (found.owner, 0):
+            try:
+                row["pid"] = request(found.mountpoint, {"cmd": "status"}, timeout=5, needs=("pid",))["pid"]
+                stats = request(found.mountpoint, {"cmd": "stats"}, timeout=5, needs=STATS_NEEDS)
+                row.update(reads=stats["reads"], errors=stats["errors"], bytes_presented=stats["bytes_presented"])
+            except (ControlError, TimeoutError, KeyError) as err:
+                row["problem"] = str(err) or type(err).__name__
+        rows.append(row)
+    if as_json:
+        print_json(rows)
+        return 0
+    if not rows:
+        print("no fanfs mount on this node (a job's node serving without a mount, FANFS_MOUNT=0, has none)")
+    for row in rows:
+        if "reads" in row:
+            what = (f"daemon pid {row['pid']}, {row['reads']:,} reads ({human_size(row['bytes_presented'])}), "
+                    f"{row['errors']:,} errors")
+        else:
+            what = row.get("problem", "not yours: only its user or root may inspect it")
+        print(f"{row['mountpoint']}  {row['user']}  {row['store']}: {what}")
+    return 0

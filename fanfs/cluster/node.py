@@ -29,8 +29,9 @@ from collections.abc import Callable, Mapping
 from ..errors import FanfsError, StoreError
 from .. import tune  # noqa: F401  (registers the resolvers of auto values)
 from ..records import Presentation, Value, check_presentation, resolve, unresolved
-from ..serve.control import MountLock
-from ..serve.daemon import check_mountpoint, setup_logging, start
+from ..serve.listener import MountLock
+from ..serve.daemon import check_fuse, check_mountpoint, start
+from ..serve.logfile import setup_logging
 from ..store import Store
 from ..store.index import Index
 from ..util.mounts import mounted, unmount
@@ -45,11 +46,13 @@ log = logging.getLogger("fanfs")
 
 
 def check_node_paths(store_root: str, mountpoint: str, local_dir: str, serve_only: bool = False) -> None:
-    """A node's mount point (``serve_only``: its node directory, made if missing), and its local directory if it
-    exists (staging makes it), are safe to use."""
+    """This user may mount with FUSE here (unless ``serve_only``), before anything is staged; a node's mount point
+    (``serve_only``: its node directory, made if missing), and its local directory if it exists (staging makes it),
+    are safe to use."""
     if serve_only:
         node_dir(mountpoint)
     else:
+        check_fuse()
         check_mountpoint(mountpoint, store_root, local_dir)
     check_local_dir(local_dir)
 

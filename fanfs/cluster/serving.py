@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FanfsError
-from ..serve.control import ControlServer, MountLock
+from ..serve.listener import ControlServer, MountLock
 from ..records import Auto, Presentation
 from ..serve.daemon import Counters, Hooks, MountOptions, start
 from ..store.format import INDEX_NAME

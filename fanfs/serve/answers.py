@@ -14,6 +14,7 @@ from ..store.resident import ANSWERS
 from .control import Handler
 from .options import Counters, Hooks, MountOptions
 from .publish import view_handler
+from .readahead import current
 from .workers import ServingProcesses, merge_counters
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ class MountAnswers:
         assert fs is not None
         parts = self._processes.counters() if self._processes is not None else [self.counters()]
         summed = merge_counters(parts)
-        return {"store": store.root, **fs.presentation, "workers": self.options.workers, "readahead": fs.readahead(),
+        window = current(self.mountpoint) or fs.readahead()  # now: an administrator may have raised it since
+        return {"store": store.root, **fs.presentation, "workers": self.options.workers, "readahead": window,
                 "reads_by_process": [part["reads"] for part in parts], **summed,
                 "notes": presentation_notes(store.index, fs.presentation), "side_names": side_names(store.index),
                 "layered": self._layered, "seconds": round(time.monotonic() - self._started, 3),

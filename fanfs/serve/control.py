@@ -1,4 +1,5 @@
-"""The control channel of a mount: a Unix socket outside the mount, one JSON request per connection.
+"""The control channel of a mount, the client's end: a Unix socket outside the mount, one JSON request per connection
+(the daemon's end, and the mount point's lock: :mod:`.listener`).
 
 It never appears in the mounted tree (an ImageFolder over the mount root sees only the dataset), and
 it works on a read-only mount where xattrs could not be set.  The socket's path is derived from the
@@ -12,21 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
+import pwd
 import socket
 import struct
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import FanfsError, UsageError
 from .. import records
 from ..records import FULL
-from ..util.mounts import mounted
-from ..util.runtime import create_private, runtime_dir
+from ..util.mounts import mount_owner, mounted
+from ..util.runtime import runtime_dir
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 MAX_MESSAGE = 1 << 16
@@ -34,8 +34,12 @@ FDS = "_fds"
 """A handler's answer may list descriptors under this key: they are passed with it (``SCM_RIGHTS``), not written."""
 
 
+def _name(mountpoint: str) -> str:
+    return hashlib.sha1(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:16]
+
+
 def _stem(mountpoint: str) -> str:
-    return os.path.join(runtime_dir(), hashlib.sha1(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:16])
+    return os.path.join(runtime_dir(), _name(mountpoint))
 
 
 def socket_path(mountpoint: str) -> str:
@@ -74,75 +78,101 @@ class DaemonEnded(ControlError):
     """A dead mount: its daemon ended (a kill -9, the OOM killer) without unmounting it."""
 
 
-def _connect(sock: socket.socket, mountpoint: str) -> None:
-    """Connect to the daemon of ``mountpoint``.  Its socket there with nothing listening, on a mount point that is
-    still mounted, is a daemon that ended without unmounting (it removes its socket as it ends): said so."""
-    path = socket_path(mountpoint)
+def _connect(mountpoint: str, timeout: float) -> socket.socket:
+    """A socket connected to the daemon of ``mountpoint``: the one in this user's runtime directory or, if there is
+    none there (a job's mount, whose runtime directory is the job's own; root inspecting another user's mount), the
+    one its daemon bound elsewhere (:func:`_bound_elsewhere`), served by the mount's user.  Its socket here with
+    nothing listening, on a mount point still mounted, is a daemon that ended without unmounting (it removes its
+    socket as it ends): said so."""
     try:
-        with _address(path) as address:
-            sock.connect(address)
+        return _dial(socket_path(mountpoint), timeout, os.getuid(), mountpoint)
+    except ControlError:
+        raise
     except OSError as err:
         if err.errno == errno.ECONNREFUSED and mounted(mountpoint):
             raise DaemonEnded(f"{mountpoint} is a dead mount: its fanfs daemon has ended (killed?); 'fanfs umount "
                               f"{mountpoint}' removes it, then mount again") from None
-        raise ControlError(f"no fanfs daemon answers for {mountpoint} ({err.strerror})") from None
+        failure = err.strerror
+    owner = mount_owner(mountpoint)
+    if owner is not None and os.getuid() not in (owner, 0):
+        raise ControlError(f"{mountpoint} is mounted by {user_name(owner)}, not by you: only they (or root, to "
+                           "inspect it) can talk to its daemon")
+    for path in _bound_elsewhere(mountpoint):
+        with contextlib.suppress(OSError):  # gone meanwhile, or another user's (a ControlError): never spoken to
+            sock = _dial(path, min(timeout, 5.0), os.getuid() if owner is None else owner, mountpoint)
+            sock.settimeout(timeout)
+            return sock
+    raise ControlError(f"no fanfs daemon answers for {mountpoint} ({failure})")
+
+
+def _dial(path: str, timeout: float, uid: int, mountpoint: str) -> socket.socket:
+    """A socket connected to ``path``, served by ``uid``: another user's socket (an impostor daemon) is closed before a
+    byte is sent."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        with _address(path) as address:
+            sock.connect(address)
+        if (served := _peer_uid(sock)) != uid:
+            whom = "you" if uid == os.getuid() else f"uid {uid}, whose mount it is"
+            raise ControlError(f"the control socket of {mountpoint} is served by uid {served}, not by {whom}: refusing "
+                               "to talk to it")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _bound_elsewhere(mountpoint: str) -> list[str]:
+    """Paths of Unix sockets bound with the name of ``mountpoint``'s control socket in any directory, from the kernel's
+    list of this network namespace's sockets (``/proc/net/unix``): whoever bound them (the caller checks who serves
+    one before it speaks).  One bound through ``/proc/self/fd`` (a runtime directory deeper than an address holds) is
+    found beside the lock file that the process holding it keeps open (:func:`_beside_its_lock`)."""
+    name = _name(mountpoint)
+    try:
+        with open("/proc/net/unix", errors="replace") as f:
+            rows = [row for line in f if len(row := line.rstrip("\n").split(None, 7)) == 8
+                    and row[7].endswith(f"/{name}.sock")]
+    except OSError:
+        return []
+    found = [row[7] for row in rows if row[7].startswith("/") and not row[7].startswith("/proc/")]
+    deep = {f"socket:[{row[6]}]" for row in rows if row[7].startswith("/proc/")}
+    return found + (_beside_its_lock(deep, name) if deep else [])
+
+
+def _beside_its_lock(sockets: set[str], name: str) -> list[str]:
+    """The control sockets ``name.sock`` beside the lock files ``name.lock`` held open by the processes that hold one of
+    ``sockets`` (``socket:[INODE]``): a daemon holds both (only this user's processes, or root's view of all, are
+    seen)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        links = set()
+        with contextlib.suppress(OSError):  # another user's process, or gone
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        if sockets & links:
+            found += [link.removesuffix(".lock") + ".sock" for link in links if link.endswith(f"/{name}.lock")]
+    return found
+
+
+def user_name(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` for a uid with no name."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def daemon_ended(mountpoint: str) -> bool:
     """Whether ``mountpoint`` is a dead mount of this user's fanfs (:class:`DaemonEnded`)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
-            _connect(sock, mountpoint)
-        except DaemonEnded:
-            return True
-        except ControlError:
-            pass
+    try:
+        _connect(mountpoint, 5.0).close()
+    except DaemonEnded:
+        return True
+    except ControlError:
+        pass
     return False
-
-
-class MountLock:
-    """The lock a mount point's daemon holds while it serves (``flock`` on a file in the runtime dir).
-
-    The file is removed when the mount ends (:meth:`remove`), by a process still holding the lock and
-    only if the path still names the file it locked; a new mount that opened the file before that
-    finds, once it holds the lock, that the path names another file or none, and starts again.
-    """
-
-    def __init__(self, mountpoint: str) -> None:
-        self.path = _stem(mountpoint) + ".lock"
-        while True:
-            self.fd = create_private(self.path, append=True)
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(self.fd)
-                raise FanfsError(f"{mountpoint} is being mounted or served by another fanfs daemon: "
-                                 f"'fanfs umount {mountpoint}' first") from None
-            if self._named_by_path():
-                return
-            os.close(self.fd)  # removed by a mount that ended meanwhile: lock the file there now
-
-    def _named_by_path(self) -> bool:
-        try:
-            st = os.stat(self.path, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        held = os.fstat(self.fd)
-        return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
-
-    def release(self) -> None:
-        """Close this process's copy (a daemon forked with it holds the lock on)."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def remove(self) -> None:
-        """The mount has ended (no process of it serves any more): remove the lock file, then release it."""
-        if self.fd >= 0 and self._named_by_path():
-            with contextlib.suppress(OSError):  # a mark only: 'fanfs umount' then knows a mount was here
-                os.close(create_private(self.path.removesuffix(".lock") + ".ended"))
-            os.unlink(self.path)
-        self.release()
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int]:
@@ -171,13 +201,8 @@ def request_with_fds(mountpoint: str, message: dict[str, Any], timeout: float = 
                      needs: Iterable[str] = ()) -> tuple[dict[str, Any], list[int], int]:
     """:func:`request`, and the descriptors the daemon passed with its answer (at most ``max_fds``, the caller's to
     close) and its pid (as the kernel says: ``SO_PEERCRED``)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        _connect(sock, mountpoint)
-        pid, uid = peer_credentials(sock)
-        if uid != os.getuid():
-            raise ControlError(f"the control socket of {mountpoint} is served by uid {uid}, not by you: "
-                               "refusing to talk to it")
+    with _connect(mountpoint, timeout) as sock:
+        pid = peer_credentials(sock)[0]
         try:
             sock.sendall(json.dumps(message).encode() + b"\n")
             data, fds = _recv_line(sock, max_fds)
@@ -239,118 +264,3 @@ def _recv_line(sock: socket.socket, max_fds: int = 0) -> tuple[bytes, list[int]]
             os.close(fd)
         raise
     return data, fds
-
-
-class Background:
-    """A handler that may take long (it reads a file the request names, of any size): answered on a thread of its own,
-    :data:`BACKGROUND` at most at once, so that the control socket answers every other request meanwhile."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-
-    def __call__(self, message: dict[str, Any]) -> dict[str, Any]:
-        return self.handler(message)
-
-
-BACKGROUND = 4
-"""Requests of :class:`Background` handlers answered at once; one more is refused, in one line."""
-
-
-def _answer(conn: socket.socket, handler: Handler, message: dict[str, Any], done: Callable[[], None] | None = None
-            ) -> None:
-    """Answer ``message`` with ``handler``'s answer or error (then ``done()``), and close the connection."""
-    try:
-        answer = handler(message)
-    except Exception as err:  # a bad request must not take the daemon down
-        answer = _refusal(err)
-    finally:
-        if done is not None:
-            done()
-    _send(conn, answer)
-
-
-def _refusal(err: Exception) -> dict[str, Any]:
-    """The answer to a request refused (ValueError, FanfsError, OSError: their message) or failed (any other)."""
-    return {"error": str(err) if isinstance(err, (ValueError, FanfsError, OSError)) else f"{type(err).__name__}: {err}"}
-
-
-def _send(conn: socket.socket, answer: dict[str, Any]) -> None:
-    """Send an answer (with the descriptors it lists under :data:`FDS`), and close the connection (a client gone
-    meanwhile is no error)."""
-    fds = answer.pop(FDS, [])
-    with conn:
-        try:
-            data = json.dumps(answer).encode() + b"\n"
-            socket.send_fds(conn, [data], fds) if fds else conn.sendall(data)
-        except OSError:
-            pass
-
-
-class ControlServer:
-    """Serves ``{"cmd": name, ...}`` requests with the given handlers on a daemon thread, once started (the
-    socket is bound at once, before the mount: afterwards resolving the mount point's path would ask the
-    very daemon that is not yet answering).  One request at a time, but those of a :class:`Background` handler.
-
-    A handler raises ValueError (or a FanfsError) for a request it refuses; the client gets its message.  Its answer
-    may pass descriptors (:data:`FDS`): a mount hands its in-process readers its shared memory so.
-    """
-
-    def __init__(self, mountpoint: str, handlers: dict[str, Handler]) -> None:
-        self.path = socket_path(mountpoint)
-        self.handlers = handlers
-        self._background = threading.BoundedSemaphore(BACKGROUND)
-        if os.path.lexists(self.path):
-            os.unlink(self.path)  # left by a daemon that was killed: this mount point's lock is ours now
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with _address(self.path) as address:
-            self._sock.bind(address)
-        os.chmod(self.path, 0o600)
-        self._sock.listen(16)
-
-    def start(self) -> None:
-        """Answer requests from now on (a thread: started once no more serving process is to be forked)."""
-        threading.Thread(target=self._serve, name="fanfs-control", daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            try:
-                handler, message = self._read(conn)
-            except Exception as err:  # a JSON nested 30,000 deep too: the control thread lives on
-                _send(conn, _refusal(err))
-                continue
-            if not isinstance(handler, Background):
-                _answer(conn, handler, message)
-            elif self._background.acquire(blocking=False):
-                threading.Thread(target=_answer, args=(conn, handler, message, self._background.release),
-                                 name="fanfs-control-background", daemon=True).start()
-            else:
-                _send(conn, {"error": f"{BACKGROUND} requests like this one are being answered: try again once one "
-                                      "is"})
-
-    def _read(self, conn: socket.socket) -> tuple[Handler, dict[str, Any]]:
-        """A request's handler and message; ValueError if it is none (or not this user's)."""
-        conn.settimeout(10)
-        if _peer_uid(conn) != os.getuid():
-            raise ValueError("not your mount")
-        message = json.loads(_recv_line(conn)[0])
-        if not isinstance(message, dict):
-            raise ValueError("a request is a JSON object")
-        handler = self.handlers.get(message.get("cmd"))
-        if handler is None:
-            raise ValueError(f"unknown command {message.get('cmd')!r}")
-        return handler, message
-
-    def close(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the serving thread
-        except OSError:
-            pass
-        self._sock.close()

@@ -3,8 +3,9 @@
 ``fanfs mount`` returns only when the kernel mount answers, so ``fanfs mount S M && ls M`` works.
 The daemon reports readiness (or the reason it failed) through a pipe, holds the mount point's lock
 for its lifetime (a second mount of the same point is refused), and logs to a file beside its control
-socket: the previous run's log is kept as ``.log.1``, and a run that ends cleanly without a warning
-removes its log.  Stopping: ``fanfs umount`` (:func:`fanfs.util.mounts.unmount`), or SIGTERM/SIGINT to the daemon.
+socket, of at most 1 MiB (:mod:`.logfile`): the previous run's log is kept as ``.log.1``, and a run that ends
+cleanly without a warning removes its log.  Stopping: ``fanfs umount`` (:func:`fanfs.util.mounts.unmount`), or
+SIGTERM/SIGINT to the daemon.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import logging
 import os
 import signal
-import sys
+import stat
 import time
 from collections.abc import Callable
 
@@ -22,14 +23,38 @@ from ..records import check_presentation
 from ..store import Store
 from ..store.format import INDEX_NAME, SHARD_DIR
 from ..util.deadline import Deadline, Stalled, deadline_for, within
-from ..util.mounts import mounted, unmount
-from ..util.processes import exited, wait_ended
-from ..util.runtime import create_private, runtime_dir
+from ..util.mounts import mount_owner, mounted, unmount
+from ..util.processes import held_in_kernel, wait_ended
+from ..util.runtime import runtime_dir
 from ..util.server import configure_server, keep_large_buffers, release_free_memory
 from . import control
+from .listener import ControlServer, MountLock
+from .logfile import detach, log_tail, setup_logging
 from .options import Counters, Hooks, MountOptions  # noqa: F401  (re-exported: what a mount is, for its callers)
 
 log = logging.getLogger("fanfs")
+
+FUSE_DEVICE = "/dev/fuse"
+
+
+def check_fuse() -> None:
+    """Whether this user may mount with FUSE on this node, asked before anything is staged or measured: libfuse 3
+    loads, and /dev/fuse opens for reading and writing (a node that keeps it 0600, root's alone, refuses a plain
+    user: fusermount3 opens it as the user).  Else one line saying what to ask an administrator for, and what to do
+    without a mount."""
+    from .lowlevel import WITHOUT_MOUNT  # loads libfuse: one line (LibfuseError) unless a libfuse 3 it knows loads
+    try:
+        os.close(os.open(FUSE_DEVICE, os.O_RDWR | os.O_CLOEXEC))
+    except FileNotFoundError:
+        raise FanfsError(f"this node has no {FUSE_DEVICE} (the fuse kernel module): ask the administrator to load it "
+                         f"(modprobe fuse); {WITHOUT_MOUNT}") from None
+    except OSError as err:
+        st = os.stat(FUSE_DEVICE)
+        raise FanfsError(f"{FUSE_DEVICE} is not open to you ({err.strerror}: {stat.filemode(st.st_mode)}, "
+                         f"{control.user_name(st.st_uid)}'s): ask the administrator to make it crw-rw-rw- as "
+                         f"distributions ship it (a udev rule, or 'chmod 0666 {FUSE_DEVICE}' in a node prolog); "
+                         f"{WITHOUT_MOUNT}") from None
+
 
 def check_mountpoint(mountpoint: str, store_root: str, local_dir: str | None = None) -> None:
     """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon of
@@ -98,7 +123,7 @@ def mount(store_path: str, mountpoint: str, options: MountOptions,
     mountpoint = os.path.abspath(mountpoint)
     if options.foreground:
         setup_logging(options.debug)
-    lock = control.MountLock(mountpoint)
+    lock = MountLock(mountpoint)
     keep_large_buffers()  # the index's validation reuses heap pages for its temporaries (0.1-0.2 s of page faults)
     try:
         check_mountpoint(mountpoint, store_path)
@@ -109,7 +134,7 @@ def mount(store_path: str, mountpoint: str, options: MountOptions,
         lock.remove()  # unless start() handed it to the daemon: the mount was refused before it
 
 
-def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control.MountLock,
+def start(store: Store, mountpoint: str, options: MountOptions, *, lock: MountLock,
           hooks: Hooks | None = None) -> int:
     """Serve an opened store here (foreground) or in a daemon process once it serves; returns its pid.
 
@@ -133,8 +158,8 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
         try:
             os.setsid()
             os.chdir("/")
-            _detach(logfile)
-            warnings = setup_logging(options.debug)
+            detach(logfile)
+            warnings = setup_logging(options.debug, own_file=True)
             run_daemon(store, mountpoint, options, ready_fd=write_end, hooks=hooks)
             if not warnings.count:
                 os.unlink(logfile)  # a clean run leaves no log behind
@@ -153,7 +178,7 @@ def start(store: Store, mountpoint: str, options: MountOptions, *, lock: control
     store.close()
     message = _await(read_end, timeout=120)
     if message != "ready":
-        tail = "" if message.startswith("error: ") else _log_tail(logfile)  # a daemon that died without a word
+        tail = "" if message.startswith("error: ") else log_tail(logfile)  # a daemon that died without a word
         raise StoreError(f"mount of {store.root} at {mountpoint} failed: {message.removeprefix('error: ')}"
                          + (f" ({tail})" if tail else ""))
     return pid
@@ -171,7 +196,7 @@ def run_daemon(store: Store, mountpoint: str, options: MountOptions, ready_fd: i
                            (lambda: _report(ready_fd, "ready")) if ready_fd is not None else None)
     fs = answers.fs = FanfsFS(store, options.presentation, answers.ready)
     # Before mounting: once mounted, resolving the mount point's path would ask this very daemon.
-    server = control.ControlServer(mountpoint, answers.handlers())
+    server = ControlServer(mountpoint, answers.handlers())
     try:
         ended_by = serve(store, mountpoint, fs, allow_other=options.allow_other, debug=options.debug,
                          workers=options.workers, readahead=options.readahead,
@@ -214,54 +239,6 @@ def _await(fd: int, timeout: float) -> str:
     return text or "the daemon exited before mounting"
 
 
-def _detach(logfile: str) -> None:
-    """Stdin from /dev/null; stdout and stderr to a fresh log (the previous one kept as .1)."""
-    if os.path.lexists(logfile):
-        os.replace(logfile, logfile + ".1")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    out = create_private(logfile)
-    os.dup2(devnull, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(devnull)
-    os.close(out)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-
-
-class _WarningCount(logging.Handler):
-    """Counts log records of WARNING and above (a run without any removes its log)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1
-
-
-def setup_logging(debug: bool, tag: str | None = None) -> _WarningCount:
-    """Log to stderr (a detached daemon's stderr is its log file), lines tagged with ``tag`` (the caller's name
-    for this process, e.g. a job's node) or else the pid."""
-    handler = logging.StreamHandler(sys.stderr)
-    tag = tag or str(os.getpid())
-    handler.setFormatter(logging.Formatter(f"%(asctime)s fanfs[{tag}] %(levelname)s %(message)s"))
-    warnings = _WarningCount()
-    root = logging.getLogger()
-    root.handlers[:] = [handler, warnings]
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
-    return warnings
-
-
-def _log_tail(logfile: str) -> str:
-    try:
-        with open(logfile, errors="replace") as f:
-            lines = [line.strip() for line in f.readlines()[-3:] if line.strip()]
-    except OSError:
-        return ""
-    return f"log {logfile}: " + " | ".join(lines) if lines else ""
-
-
 def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
     """Unmount and wait until the daemon has gone; False if nothing was mounted there (ended already:
     a job's mounts all end with its first unmount, so a cleanup on every node must not fail)."""
@@ -270,6 +247,9 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
         if not os.path.isdir(mountpoint):
             raise StoreError(f"{mountpoint}: no such directory")
         return False
+    if (owner := mount_owner(mountpoint)) is not None and os.getuid() not in (owner, 0):
+        raise StoreError(f"{mountpoint} is mounted by {control.user_name(owner)}, not by you: only they or root can "
+                         "unmount it")
     try:
         pid = control.request(mountpoint, {"cmd": "status"}, timeout=5)["pid"]
     except (control.ControlError, KeyError, TimeoutError):
@@ -291,7 +271,7 @@ def umount(mountpoint: str, lazy: bool = False, timeout: float = 20.0) -> bool:
                              "when killed: it waits in the kernel on a file system that does not answer (its "
                              f"store's?), and ends when that answers (see {control.log_path(mountpoint)})")
         log.warning("unmounted %s; its daemon (pid %d), not ended in %g s, was killed", mountpoint, pid, timeout)
-    if pid is not None and exited(pid, held=True):
+    if pid is not None and held_in_kernel(pid):
         log.warning("unmounted %s; its daemon (pid %d) has exited, but threads of it wait in the kernel on a file "
                     "system that does not answer (its store's?): they go when it answers", mountpoint, pid)
     return True

@@ -235,7 +235,8 @@ class Session:
         _close_on_exec()
         failed, reason = _with_stderr(lambda: lib.fuse_session_mount(self._se, os.fsencode(self.mountpoint)))
         if failed:
-            raise MountError(f"cannot mount at {self.mountpoint}: {reason or 'libfuse gave no reason'}")
+            raise MountError(f"cannot mount at {self.mountpoint}: {reason or 'libfuse gave no reason'}"
+                             + ("" if "allow_other" in reason else f"; {WITHOUT_MOUNT}"))
         self._mounted = True
 
     def loop(self) -> int:
@@ -325,6 +326,11 @@ class Session:
 
 class MountError(FanfsError):
     """The kernel mount could not be made; the message carries libfuse's (or fusermount3's) reason."""
+
+
+WITHOUT_MOUNT = ("where FUSE is not allowed, serve without a mount: --no-mount (FANFS_MOUNT=0 in a job), whose files "
+                 "the training reads in-process")
+"""What a user may do where a node offers no FUSE (the end of a failed mount's line)."""
 
 
 def _with_stderr(call: Callable[[], int]) -> tuple[int, str]:

@@ -5,7 +5,8 @@ backing device's ``read_ahead_kb`` (``/sys/class/bdi/MAJOR:MINOR/``), 128 KiB by
 request size the connection allows (``max_pages``: 256 pages, 1 MiB, negotiated by libfuse 3.14 on Linux >=
 4.20).  So a 30 MB file arrived as 240 requests of 128 KiB, each a round trip and a slice of a 1 MiB chunk.
 The window can be raised only by writing that sysfs file (root; the INIT reply can only lower it): the
-daemon does so when it may, and otherwise says once how an administrator can.
+daemon does so when it may; a plain user's mount keeps the kernel's, which ``fanfs stats`` shows (and ``--debug``'s
+log says how an administrator can raise it: docs/clusters.rst, a udev rule for every FUSE mount of a node).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def raise_to(mountpoint: str, wanted: int) -> int | None:
     try:
         with open(path, "w") as f:
             f.write(f"{wanted >> 10}\n")
-    except OSError as err:
-        log.info("readahead of %s stays %d KiB (%s): large files are read in requests of that size; an administrator "
-                 "can raise it with: echo %d > %s", mountpoint, now >> 10, err.strerror, wanted >> 10, path)
+    except OSError as err:  # a plain user's mount, on every node of every job: not a line in each log
+        log.debug("readahead of %s stays %d KiB (%s): large files are read in requests of that size; an administrator "
+                  "can raise it with: echo %d > %s", mountpoint, now >> 10, err.strerror, wanted >> 10, path)
         return now
     return current(mountpoint)

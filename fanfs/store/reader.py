@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import mmap
 import os
+import re
 import stat as statmod
 import threading
 import time
@@ -36,12 +38,13 @@ from .stats import Stats
 from .sources import InPlace, LocalShards, ReadsInMemory, ReadsRuns, ShardSource, check_shard_files
 
 log = logging.getLogger("fanfs")
+ONCE = " (logged once for this shard and cause)"
 
 KEEP_OPEN = 256
 """A store of at most this many shards keeps the descriptors its open check made (more: each is opened when first
 read, so that a store of thousands of shards does not take that many descriptors at once)."""
-REPORT_EVERY = 60.0
-"""Seconds before the same failing blob is logged again (the kernel retries a failed read at once)."""
+_NUMBERS = re.compile(r"\d+")
+"""What a problem's text says of one blob or one file (offsets, sizes, a shard file's name): not part of its cause."""
 
 
 class Store:
@@ -161,7 +164,7 @@ class Store:
         shard = self._shard[entry]
         offset, length = self._offset[blob], self._stored[blob]
         expected = self._checksum[blob]
-        problems = []
+        problems, causes = [], []  # what each source said, and its kind (one cause, whichever blob meets it)
         for i, source in enumerate(self.sources):
             try:
                 if wait:
@@ -174,18 +177,22 @@ class Store:
                 continue
             except (OSError, FanfsError) as err:  # e.g. a shard gone, cut short, or replaced by a FIFO
                 problems.append(f"{source.name}: {err}")
+                causes.append(f"{source.name}: {getattr(err, 'errno', None) or type(err).__name__}")
                 continue
             if len(data) == length and checksum(data) == expected:
                 tally.stored(layer, source.name, length)
                 if self.extents is not None and self._in_place[i] and source.holds_in_place(blob):  # type: ignore[attr-defined]
                     self.extents.vouch(blob, i)  # these very bytes lie where an extent's read will splice them from
-                if problems and self._first_report(blob):
-                    log.warning("%s: used %s after: %s", self._describe(entry, blob), source.name, "; ".join(problems))
+                if problems and self._first_report(shard, f"used {source.name} after: {'; '.join(causes)}"):
+                    log.warning("%s: used %s after: %s%s", self._describe(entry, blob), source.name, "; ".join(problems),
+                                ONCE)
                 return data
             problems.append(f"{source.name}: checksum mismatch" if len(data) == length else
                             f"{source.name}: short read ({len(data)} of {length} bytes)")
+            causes.append(f"{source.name}: a bad copy")
             source.rejected(blob)
-        raise self.fault(entry, blob, f"no good copy ({'; '.join(problems) or 'no source holds it'})")
+        raise self.fault(entry, blob, f"no good copy ({'; '.join(problems) or 'no source holds it'})",
+                         "no good copy: " + "; ".join(causes))
 
     def _fetch_run(self, first: int, count: int) -> dict[int, tuple[bytes, str]]:
         """Blobs ``first .. first + count - 1`` from the first source that gives them all in one round trip, each
@@ -207,18 +214,20 @@ class Store:
             return blobs
         return {}
 
-    def fault(self, entry: int, blob: int, why: str) -> DataError:
-        """The EIO for a blob that cannot be had or used: counted, and logged as one line naming the file,
-        shard and blob (once a minute per blob); the caller raises it."""
+    def fault(self, entry: int, blob: int, why: str, cause: str | None = None) -> DataError:
+        """The EIO for a blob that cannot be had or used: counted, and logged as one line naming the file, shard and
+        blob, once per ``cause`` in its shard (by default ``why`` without its numbers); the caller raises it."""
         self.stats.errors += 1
         message = f"{self._describe(entry, blob)}: {why}"
-        if self._first_report(blob):
-            log.error("EIO %s", message)
+        if self._first_report(self._shard[entry], cause if cause is not None else _NUMBERS.sub("#", why)):
+            log.error("EIO %s%s", message, ONCE)
         return DataError(message)
 
-    def _first_report(self, blob: int) -> bool:
-        """Log a blob's trouble once a minute, not once per retry of the same read, nor once per serving process."""
-        return self._reported.due(blob, REPORT_EVERY)
+    def _first_report(self, shard: int, cause: str) -> bool:
+        """Log a trouble once per cause: a shard's problem (its copy gone, its source stalled, its blobs failing their
+        check), whichever of its blobs meet it, however often and in whichever serving process (the kernel retries a
+        failed read at once; a training reads every file of a shard)."""
+        return self._reported.due(hash((shard, cause)), math.inf)
 
     def _describe(self, entry: int, blob: int) -> str:
         shard = shard_name(self._shard[entry])

@@ -83,20 +83,21 @@ class SharedChunks:
 
 
 class ReportTimes:
-    """When each blob's trouble was last logged, in memory the processes forked after this share (a mount's serving
-    processes, a loader's workers), so that one bad blob is one log line a minute, not one per process.  Direct-mapped
-    slots: a blob whose slot another took meanwhile may be logged again sooner, never less often."""
+    """When each trouble (a number naming it: a blob, a cause) was last logged, in memory the processes forked after
+    this share (a mount's serving processes, a loader's workers), so that one trouble is logged once, not once per
+    process.  Direct-mapped slots: a trouble whose slot another took meanwhile may be logged again sooner, never less
+    often."""
 
     def __init__(self, slots: int = 4096) -> None:
         self._memory = mmap.mmap(-1, 16 * slots)
-        self._blob = np.frombuffer(self._memory, np.int64, slots)
+        self._key = np.frombuffer(self._memory, np.int64, slots)
         self._when = np.frombuffer(self._memory, np.float64, slots, 8 * slots)
-        self._blob[:] = -1
+        self._key[:] = -1
 
-    def due(self, blob: int, every: float) -> bool:
-        """Whether ``blob`` was not logged in the last ``every`` seconds (and it counts as logged now if so)."""
-        slot, now = blob % self._blob.size, time.monotonic()
-        if self._blob[slot] == blob and now - self._when[slot] < every:
+    def due(self, key: int, every: float) -> bool:
+        """Whether ``key`` was not logged in the last ``every`` seconds (and it counts as logged now if so)."""
+        slot, now = key % self._key.size, time.monotonic()
+        if self._key[slot] == key and now - self._when[slot] < every:
             return False
-        self._blob[slot], self._when[slot] = blob, now
+        self._key[slot], self._when[slot] = key, now
         return True

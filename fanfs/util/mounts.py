@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 
 
 _ESCAPED = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline, backslash as \ooo
@@ -18,7 +19,7 @@ _ESCAPED = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline,
 def mounted(path: str | os.PathLike) -> bool:
     """Whether something is mounted at ``path``, read from /proc/self/mountinfo: also a FUSE mount whose
     daemon was killed, which answers ENOTCONN to the lstat that os.path.ismount relies on."""
-    return _device_at(os.fsencode(os.path.realpath(path))) is not None
+    return _mount_at(os.fsencode(os.path.realpath(path))) is not None
 
 
 def mount_device(mountpoint: str) -> str | None:
@@ -26,43 +27,64 @@ def mount_device(mountpoint: str) -> str | None:
     nothing is mounted there.  The mount point itself is never looked at (only its parent is resolved): a FUSE
     daemon asks this of its own mount while it answers INIT, when a look would wait on itself."""
     parent, name = os.path.split(os.path.abspath(mountpoint))
-    return _device_at(os.fsencode(os.path.join(os.path.realpath(parent), name)))
+    found = _mount_at(os.fsencode(os.path.join(os.path.realpath(parent), name)))
+    return found[2].decode() if found is not None else None
 
 
-def _device_at(target: bytes) -> str | None:
-    device = None
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            fields = line.split(b" ")
-            if _unescape(fields[4]) == target:
-                device = fields[2].decode()  # the last line for a path is the mount on top
-    return device
+def mount_owner(path: str | os.PathLike) -> int | None:
+    """The uid of the user who made the FUSE mount on top at ``path`` (its ``user_id`` option, set by the kernel);
+    None if nothing, or no FUSE file system, is mounted there."""
+    found = _mount_at(os.fsencode(os.path.realpath(path)))
+    return _owner(found) if found is not None else None
+
+
+@dataclass(frozen=True)
+class FanfsMount:
+    """A fanfs mount of this host: where, of which store (as its daemon was given it), and whose."""
+
+    mountpoint: str
+    store: str
+    owner: int | None
+
+
+def fanfs_mounts() -> list[FanfsMount]:
+    """Every fanfs mount this process sees (a fanfs mount's source is ``fanfs:`` and the store's absolute path), whoever
+    made it, from /proc/self/mountinfo.  Nothing is resolved or looked at: a stalled network file system cannot hold
+    this up."""
+    found = []
+    for fields in _mountinfo():
+        source = _unescape(fields[fields.index(b"-") + 2])
+        if source.startswith(b"fanfs:"):
+            found.append(FanfsMount(os.fsdecode(_unescape(fields[4])), os.fsdecode(source[6:]), _owner(fields)))
+    return found
 
 
 def fanfs_mounts_of(store: str | os.PathLike) -> list[str]:
-    """The mount points of fanfs mounts that serve the store at ``store`` (a fanfs mount's source is ``fanfs:`` and the
-    store's absolute path, as its daemon was given it), from /proc/self/mountinfo.  Compared as text, with the store's
-    absolute and real paths: resolving every mount's path could wait for ever on a stalled network file system."""
-    found = []
-    want = {b"fanfs:" + os.fsencode(path) for path in (os.path.abspath(store), os.path.realpath(store))}
+    """The mount points of fanfs mounts that serve the store at ``store``, compared as text with the store's absolute
+    and real paths: resolving every mount's path could wait for ever on a stalled network file system."""
+    want = {os.path.abspath(store), os.path.realpath(store)}
+    return [m.mountpoint for m in fanfs_mounts() if m.store in want]
+
+
+def _mountinfo() -> list[list[bytes]]:
     with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            fields = line.split(b" ")
-            if _unescape(fields[fields.index(b"-") + 2]) in want:
-                found.append(os.fsdecode(_unescape(fields[4])))
+        return [line.rstrip(b"\n").split(b" ") for line in f]
+
+
+def _mount_at(target: bytes) -> list[bytes] | None:
+    """The fields of the mount on top at ``target`` (the last line for a path)."""
+    found = None
+    for fields in _mountinfo():
+        if _unescape(fields[4]) == target:
+            found = fields
     return found
 
 
-def fanfs_mounts() -> list[str]:
-    """The mount points of every fanfs mount this process sees (any user's: the caller asks each whose it is), from
-    /proc/self/mountinfo, never looked at themselves."""
-    found = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            fields = line.split(b" ")
-            if fields[fields.index(b"-") + 1] == b"fuse.fanfs":
-                found.append(os.fsdecode(_unescape(fields[4])))
-    return found
+def _owner(fields: list[bytes]) -> int | None:
+    for option in fields[-1].split(b","):
+        if option.startswith(b"user_id="):
+            return int(option[8:])
+    return None
 
 
 def _unescape(field: bytes) -> bytes:

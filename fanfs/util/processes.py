@@ -84,6 +84,24 @@ def exited(pid: int, held: bool = False) -> bool:
     return all(state == b"D" or flags & PF_EXITING for state, flags in waiting) and (bool(waiting) or not held)
 
 
+EXIT_SECONDS = 2.0
+"""How long a thread of an exited process may be in its exit before :func:`held_in_kernel` takes it for one the kernel
+holds: the last thread of a process tears down its memory (here ~0.07 s per GB; longer on a loaded node)."""
+
+
+def held_in_kernel(pid: int, seconds: float = EXIT_SECONDS) -> bool:
+    """Whether process ``pid`` has exited but threads of it stay in the kernel (:func:`exited` with ``held``) for
+    ``seconds`` on end, waiting on a file system that does not answer.  A process that exits normally has threads in
+    their exit for a moment too (the last tearing down its memory, a second for a dozen GB): that is no such wait,
+    and ``exited(pid, held=True)`` asked once, in that moment, says yes."""
+    deadline = time.monotonic() + seconds
+    while exited(pid, held=True):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def thread_states(pid: int) -> dict[int, tuple[bytes, int]]:
     """The kernel's state letter (R, S, D, Z...) and flags of each thread of process ``pid`` (empty if it is gone)."""
     states = {}

@@ -3,16 +3,21 @@ fidelity curves) and, through :func:`private_dir`, node-local shard directories 
 altogether: it holds a private key) a node's directory.
 
 ``$FANFS_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/fanfs`` (a private tmpfs per user on most
-systems), else ``fanfs-UID`` in the temporary directory.  On a shared node another user could create
-that last one first and plant symlinks or an impostor socket in it, so the directory is created 0700
-and refused, with one line, unless it is a real directory (not a symlink) owned by this user and
-writable by nobody else.  Files in it are created with ``O_NOFOLLOW``.
+systems), else ``fanfs-UID`` in the temporary directory.  On a shared node another user may create
+that last name first (a directory, a symlink, a file), to plant an impostor socket in it or to make
+fanfs refuse: a name this user does not own is passed over for ``fanfs-UID.1``, ``.2``... and the
+directory is the first of those names that is this user's, found the same way by every command
+(mount, stats, ctl, umount), or else the first free one, made.  Whatever squats the names, nobody else
+can own one of this user's (a user cannot give away a directory), remove it (the temporary directory is
+sticky) nor make fanfs refuse it.  A directory of this user's that others may write is refused, with
+one line.  Files in it are created with ``O_NOFOLLOW``.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import tempfile
 
@@ -38,8 +43,49 @@ def runtime_dir() -> str:
     if xdg and os.path.isdir(xdg):
         private_dir(xdg, "runtime directory", _RUNTIME_REMEDY, create=False)
         return private_dir(os.path.join(xdg, "fanfs"), "runtime directory", _RUNTIME_REMEDY)
-    return private_dir(os.path.join(tempfile.gettempdir(), f"fanfs-{os.getuid()}"), "runtime directory",
-                       _RUNTIME_REMEDY)
+    base = tempfile.gettempdir()
+    try:
+        found = _temporary_runtime_dir(base, os.getuid())
+    except OSError as err:
+        raise UnsafeDirError(f"cannot make a runtime directory in {base}: {err.strerror}; set TMPDIR to a directory "
+                             f"of this node, or {RUNTIME_VARIABLE} to a private one") from None
+    return private_dir(found, "runtime directory", _RUNTIME_REMEDY, create=False)
+
+
+def _temporary_runtime_dir(base: str, uid: int) -> str:
+    """``fanfs-UID`` in ``base``, or the first ``fanfs-UID.N`` that is this user's, or else the first that is free
+    (made).  Names another user took are passed over.  Names of this user's are looked for in the whole directory
+    before one is made: a squatter who removes the name before yours must not make a second runtime directory
+    (the mounts in yours would not be found)."""
+    first = os.path.join(base, f"fanfs-{uid}")
+    if _owned(first, uid):
+        return first
+    slot = re.compile(rf"fanfs-{uid}\.([1-9][0-9]{{0,8}})")
+    with os.scandir(base) as entries:
+        slots = sorted(int(m[1]) for entry in entries if (m := slot.fullmatch(entry.name)))
+    for n in slots:
+        if _owned(f"{first}.{n}", uid):
+            return f"{first}.{n}"
+    n = 0
+    while True:
+        path = f"{first}.{n}" if n else first
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            if _owned(path, uid):  # made by another command of this user's meanwhile
+                return path
+        n += 1
+
+
+def _owned(path: str, uid: int) -> bool:
+    """Whether ``path`` is a directory of this user's (a symlink or a file is nobody's runtime directory: even one
+    this user owns may be another user's hard link)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
 
 
 def private_dir(path: str, what: str, remedy: str, *, create: bool = True, closed: bool = False) -> str:

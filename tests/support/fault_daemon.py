@@ -16,7 +16,7 @@ import time
 from fanfs.records import Presentation
 from fanfs.serve import fusefs
 from fanfs.serve import lowlevel as ll
-from fanfs.serve.daemon import setup_logging
+from fanfs.serve.logfile import setup_logging
 from fanfs.store import Store
 
 

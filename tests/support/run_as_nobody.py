@@ -6,6 +6,7 @@ import pwd
 import sys
 
 import fanfs.cache.share  # noqa: F401
+import fanfs.cli.demo  # noqa: F401
 import fanfs.cli.serve  # noqa: F401
 import fanfs.serve.daemon  # noqa: F401
 import fanfs.serve.fusefs  # noqa: F401
