@@ -176,7 +176,7 @@ def test_a_shard_aware_order_reads_each_window_s_shards_together():
     with pytest.raises(ValueError, match="window"):
         shard_aware_order(shards, 0, rng)
     with pytest.raises(ValueError, match="seed must be a whole number, 0 or more, not -1"):  # issue 49: NumPy's words
-        ShardShuffle(shards, seed=-1)
+        ShardShuffle(shards, window=4, seed=-1)
 
 
 def test_the_shard_aware_sampler_visits_every_file_once_an_epoch_and_tells_the_mount(many_shards, mount):
