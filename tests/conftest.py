@@ -60,11 +60,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test marked ``in_process_too`` that mounts runs twice: reading through the mount, and in-process as under
     ``fanfs run`` (issue 48: every read test of the mount also runs through the fast path); but a test marked
     ``mount_only``, whose checks are of how the daemon serves (its counters, its requests, its cache's accounting),
-    which reads in-process never reach."""
+    which reads in-process never reach.  The in-process runs are slow (the quick subset keeps the mount's)."""
     definition = metafunc.definition
     if "mount" in metafunc.fixturenames and definition.get_closest_marker("in_process_too") \
             and not definition.get_closest_marker("mount_only"):
-        metafunc.parametrize("reading", ["mount", "in-process"], indirect=True)
+        metafunc.parametrize("reading", ["mount", pytest.param("in-process", marks=pytest.mark.slow)], indirect=True)
 
 
 @pytest.fixture

@@ -76,7 +76,7 @@ WAYS = {"6.5+": "cachestat", "4.18-6.4": "mincore", "no mincore": "probe"}
 """Which way (fanfs.store.resident) tells root's daemon what is in memory on each of KERNELS."""
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", [k if k != "no mincore" else pytest.param(k, marks=pytest.mark.slow) for k in KERNELS])
 def test_a_mount_on_a_store_reads_an_order_ahead_within_its_budget(many_shards, tmp_path, mount, monkeypatch, kernel):
     """An order ten times the store (ten epochs), a budget of a few files: it reads ahead up to the budget, never past
     it, and on as the readers read; stats say how far ahead it is.  Issue 49: on every kernel fanfs supports (RHEL 8

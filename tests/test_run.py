@@ -54,7 +54,7 @@ def read(mnt: Path, *args: str, run: bool = True) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("which", ["plain", "progressive"])
+@pytest.mark.parametrize("which", ["plain", pytest.param("progressive", marks=pytest.mark.slow)])
 def test_every_file_reads_as_through_the_mount_at_every_fidelity(stores, mount, which):
     """Every regular file of a torture tree (odd names, empty, multi-chunk, sparse past 4 GiB, extents, real JPEGs)
     at full fidelity and, for progressive records, at K = 1, 3 and 5: the same size and bytes in-process as through
@@ -70,6 +70,7 @@ def test_every_file_reads_as_through_the_mount_at_every_fidelity(stores, mount, 
         assert counted["processes"] >= 1 and counted["files"] >= len(inside) - 1, counted
 
 
+@pytest.mark.slow
 def test_float_records_at_every_precision_as_through_the_mount(tmp_path, mount):
     from float_samples import make_float_tree
     make_float_tree(tmp_path / "src")
@@ -254,7 +255,8 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_threads_and_forked_children_read_in_process(stores, mount, tmp_path, context):
     """A PyTorch DataLoader's workers (forked or spawned) decode the mount's JPEGs with PIL in their own processes, as
     do threads and a child the reader forks; every pixel as through the mount, and each worker counted by the mount

@@ -107,7 +107,7 @@ def test_a_bad_copy_is_the_mount_s_eio_and_its_log_line_never_a_traceback(small,
     assert "c1/f01.bin" in log and "EIO" in log, log
 
 
-@pytest.mark.parametrize("kernel", ["pidfd", "4.18"])
+@pytest.mark.parametrize("kernel", ["pidfd", pytest.param("4.18", marks=pytest.mark.slow)])
 def test_a_mount_gone_is_the_mount_s_answer(small, tmp_path, monkeypatch, kernel):
     """Unmounted while a reader has read under it: its opens then find the empty directory below, as any open would;
     a daemon killed with -9: "Transport endpoint is not connected", as the mount answers.  On a kernel without
@@ -164,6 +164,7 @@ def test_thousands_of_files_open_at_once_take_no_descriptor(small, mount):
         assert reader.ask("release") == before
 
 
+@pytest.mark.slow
 def test_a_switch_racing_opens_gives_every_reader_one_view_s_bytes(tmp_path, mount):
     """Readers open and read progressive records again and again while the fidelity switches under them: every read
     is whole one view's bytes (the view shown when it was opened), never a mix, never a short file."""
@@ -191,6 +192,7 @@ def test_a_switch_racing_opens_gives_every_reader_one_view_s_bytes(tmp_path, mou
             assert json.dumps(seen) in views[name], (name, seen)
 
 
+@pytest.mark.slow
 def test_a_reader_killed_mid_read_leaves_the_mount_serving_the_others(small, tmp_path, mount):
     src, store = small
     big = tmp_path / "bigsrc"

@@ -122,7 +122,8 @@ def _reader(path: Path, offset: int = 0, size: int = 1 << 30) -> tuple[threading
     return thread, out
 
 
-@pytest.mark.parametrize("calls", [(), ("preadv2",), ("preadv2", "cachestat")], ids=["nowait", "no-nowait", "no-nowait-4.18"])
+@pytest.mark.parametrize("calls", [(), pytest.param(("preadv2",), marks=pytest.mark.slow), ("preadv2", "cachestat")],
+                         ids=["nowait", "no-nowait", "no-nowait-4.18"])
 def test_a_read_in_memory_is_answered_while_another_waits_on_the_disk(disk, mount, monkeypatch, calls):
     """Issue 49 too: where reads without waiting are refused (a file system that refuses ``RWF_NOWAIT``, here the whole
     call), the loop asks whether the bytes are in memory before it reads them, on any kernel."""
@@ -161,7 +162,7 @@ def _blocked_threads(pid: int) -> int:
     return count
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", [k if k != "no mincore" else pytest.param(k, marks=pytest.mark.slow) for k in KERNELS])
 def test_an_evicted_extent_read_by_four_readers_is_answered_by_several_threads(disk, mount, monkeypatch, kernel):
     """Issue 40: a verified extent whose pages were evicted was spliced in the loop, one disk read at a time.  Issue 49:
     on every kernel (before cachestat, the loop took "cannot say" for "in memory")."""
