@@ -136,7 +136,7 @@ def _opened(view: MountView, rel: bytes, path: str, name: Any) -> StoreFile | Wh
     """The file at ``rel`` of the view's store, as the mount presents it now; None if it is not a file there."""
     store = view.store
     entry = store.index.lookup(rel)
-    if entry < 0 or store.index.type[entry] != view.FILE:
+    if entry < 0 or view.types[entry] != view.FILE:
         return None
     at = view.view_of(entry)
     size = store.size_at(entry, at)

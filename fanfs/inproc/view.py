@@ -66,6 +66,7 @@ class MountView:
             shards = LocalShards(os.path.join(root, SHARD_DIR), bytes.fromhex(index.meta["store_id"]),
                                  network=bool(recipe.get("network")))
             self.store = Store(root, cache_size=CACHE_SIZE, index=index, sources=[shards], check_shards=False)
+        self.types = memoryview(index.type)  # per entry (a Python int each: read at every open)
         self._daemon = _Liveness(pid)
         self._probed = 0.0  # when the daemon was last seen alive
         self._lock = threading.Lock()

@@ -50,7 +50,7 @@ class PlainFiles(RecordKind):
             start = pos - i * chunk
             length = min(end - pos, chunk - start)
             whole = start == 0 and length >= raw[first + i]
-            data = reader.blob(entry, first + i, keep=not whole, stream=count > 1)
+            data = reader.blob(entry, first + i, 0, not whole, count > 1)
             if len(data) < start + length:
                 raise reader.fault(entry, first + i, f"chunk {i} ends before the file's size")
             spans.append((data, start, length))

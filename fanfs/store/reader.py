@@ -233,8 +233,10 @@ class Store:
         shard = shard_name(self._shard[entry])
         return f"{os.fsdecode(self.index.path(entry))} (shard {shard}, blob {blob} at {self._offset[blob]})"
 
-    def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True, stream: bool = False) -> bytes:
-        """Decoded bytes of one blob, through the cache.
+    def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True, stream: bool = False,
+             tally: Stats | Tally | None = None, wait: bool = True) -> bytes:
+        """Decoded bytes of one blob, through the cache, counted in ``tally`` (the store's stats by default);
+        ``wait=False``: WouldWait unless it is in memory (:class:`.resident.InMemory`).
 
         ``keep=False`` for a blob that one read covers whole: the kernel's page cache holds those bytes
         already, and keeping them here would cost memory and fresh-page faults on every read (measured:
@@ -242,11 +244,8 @@ class Store:
         of a large file: kept, if at all, only among the last few (``stream.STREAM_CACHE``), whose memory the next
         ones reuse, each loaded once by the threads and serving processes that want it (:mod:`.stream`).
         """
-        return self.load_blob(entry, blob, layer, keep, stream, self.stats, wait=True)
-
-    def load_blob(self, entry: int, blob: int, layer: int, keep: bool, stream: bool, tally: Stats | Tally,
-                  wait: bool) -> bytes:
-        """:meth:`blob`, counted in ``tally``; ``wait=False``: WouldWait unless it is in memory (:class:`InMemory`)."""
+        if tally is None:
+            tally = self.stats
         cache = self.stream.cache if stream else self.cache
         if keep or stream:  # a blob one read covers whole is never kept: nothing to look up
             data = cache.get(blob)

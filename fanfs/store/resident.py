@@ -269,7 +269,7 @@ class InMemory:
         self.tally = Tally()
 
     def blob(self, entry: int, blob: int, layer: int = 0, keep: bool = True, stream: bool = False) -> bytes:
-        return self._store.load_blob(entry, blob, layer, keep, stream, self.tally, wait=False)
+        return self._store.blob(entry, blob, layer, keep, stream, self.tally, False)
 
     def read(self, entry: int, offset: int, size: int, view: int = FULL) -> bytes:
         return join(self._store.kind(entry).spans(self, entry, view, offset, size))
