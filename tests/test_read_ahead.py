@@ -109,6 +109,25 @@ def test_a_mount_on_a_store_reads_an_order_ahead_within_its_budget(many_shards, 
         assert f"by {WAYS[kernel]}" in lines
 
 
+def test_readers_under_fanfs_run_move_the_read_ahead_on(many_shards, tmp_path, mount):
+    """Readers under fanfs run read without a request to the mount: each read is noted in the mount's memory of reads
+    all the same, so its read-ahead moves on with them (else it would wait for them at its budget's end, then give its
+    files up, one stale period after another)."""
+    src, store, names = many_shards
+    first = [str(name) for name in np.random.default_rng(0).permutation(names)]
+    order = tmp_path / "order"
+    order.write_text("\n".join(first) + "\n")
+    with mount(store, "--prefetch", str(5 * 20_000 + 1000)) as mnt:
+        _evict(store)
+        fanfs("ctl", mnt, "--order", order)
+        _settled(mnt)
+        code = "import sys\nfor name in sys.argv[2:]:\n    open(sys.argv[1] + '/' + name, 'rb').read()\n"
+        done = fanfs("run", "--mount", mnt, "--", sys.executable, "-c", code, mnt, *first[:40])
+        assert ": 40 files (" in done.stderr, done.stderr
+        ahead = _settled(mnt, past=44)  # its budget's 5 files past the 40 read: it saw them read
+        assert ahead["given_up"] == 0 and ahead["files"] >= 10, ahead
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to be another user")
 def test_a_plain_user_s_mount_of_another_user_s_store_reads_ahead_on_an_old_kernel(many_shards, monkeypatch,
                                                                                   fuse_for_users):

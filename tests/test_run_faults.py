@@ -137,6 +137,21 @@ def test_a_mount_gone_is_the_mount_s_answer(small, tmp_path, monkeypatch, kernel
             force_unmount(mnt)
 
 
+def test_a_bug_in_the_fast_path_is_an_open_by_the_mount_never_the_reader_s_error(small, mount):
+    """Whatever the fast path raises (here: any exception, as a bug of fanfs's would), the reader's open is the
+    mount's: the same bytes, no traceback."""
+    src, store = small
+    want = figures((src / "c1" / "f01.bin").read_bytes())
+    with mount(store) as mnt, shell(mnt) as reader:
+        assert reader.ask("read c1/f01.bin") == want
+        reader.ask("bug")
+        assert reader.ask("read c1/f01.bin") == want
+        assert reader.ask("read c2/f02.bin") == figures((src / "c2" / "f02.bin").read_bytes())
+        reader.process.stdin.close()
+        assert reader.process.wait(timeout=60) == 0
+        assert "Traceback" not in reader.process.stderr.read()
+
+
 def test_a_shard_cut_under_a_reader_is_an_eio_and_whole_again_reads_again(small, tmp_path, mount):
     src, original = small
     store = tmp_path / "store"
@@ -190,6 +205,20 @@ def test_a_switch_racing_opens_gives_every_reader_one_view_s_bytes(tmp_path, mou
         assert got["in_process"] and len(got["reads"]) == 40 * len(names)
         for name, seen in got["reads"]:
             assert json.dumps(seen) in views[name], (name, seen)
+
+
+def test_fileno_after_a_switch_is_the_view_the_file_was_opened_at(tmp_path, mount):
+    """``fileno()`` opens the file's name on the mount: after a switch that name is another view (another size, other
+    bytes), so the descriptor handed over is of the view the file was opened at (the mount's inode of that view while
+    the kernel still shows it, else a sealed copy of the file's bytes), never the name's new one."""
+    from support.jpeg_samples import build_samples
+    build_samples(tmp_path / "src")
+    fanfs("pack", tmp_path / "src", tmp_path / "store", "--progressive-jpeg", "--quiet")
+    with mount(tmp_path / "store", "--fidelity", "1") as mnt, shell(mnt) as reader:
+        kept = reader.ask("keep photo_china.jpg")
+        set_presentation(mnt, "fidelity", "full")
+        assert reader.ask("read photo_china.jpg")[0] > kept[0]  # the name is the full view's now
+        assert reader.ask("fileno") == [kept[0], kept]
 
 
 @pytest.mark.slow

@@ -11,9 +11,9 @@ reaches it (:class:`~.order.Stream`): of an order of any length, memory holds a 
 
 How far ahead: at most :data:`AHEAD_FILES` files whose fetches were issued and which no reader has read since, and
 the *budget*: bytes fetched ahead for files not read yet (a subclass says what a file holds of it, and when it gives
-it back).  The readers' progress is seen in the :func:`tick` each read leaves on its file (:meth:`fanfs.store.Store.
-follow_reads`, written by every serving process).  A file read just now when its turn comes means the readers are
-ahead: it is skipped.  Files no reader read while later ones were (an order not quite followed) are given up after
+it back).  The readers' progress is seen in the tick each read leaves on its file (:meth:`fanfs.store.Store.
+follow_reads`, written by every serving process and every reader of ``fanfs run``).  A file read just now when its
+turn comes means the readers are ahead: it is skipped.  Files no reader read while later ones were (an order not quite followed) are given up after
 :data:`SLACK` positions.
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,18 +29,11 @@ from typing import Any
 from ..errors import FanfsError
 from ..records import Presentation
 from ..store import Store
+from ..store.stats import TICKS_PER_SECOND, tick
 from ..util.units import human_size
 from .order import Stream
 
 log = logging.getLogger("fanfs")
-
-TICKS_PER_SECOND = 100
-
-
-def tick() -> int:
-    """Now, in the unit of the readers' clock: 1/100 s since boot, a uint32 (a year's worth)."""
-    return int(time.monotonic() * TICKS_PER_SECOND) & 0xFFFFFFFF
-
 
 AHEAD_FILES = 256  # files fetched and not yet read, at most, over all streams
 THREADS = 6  # fetches in flight
@@ -83,7 +75,7 @@ class OrderFollower:
     def __init__(self, store: Store, presentation: Presentation, budget: int) -> None:
         """``presentation``: the one shown now (set :attr:`presentation` at a switch); ``budget``: bytes ahead, at most."""
         self.store, self.presentation, self.budget = store, presentation, budget
-        self.ticks = store.follow_reads(tick)
+        self.ticks = store.follow_reads()
         self.used = 0  # bytes of the budget held now
         self.waiting = ""  # what the coordinating thread waits for, if it does: "readers", "budget" or "orders"
         self._streams: dict[str, Stream] = {}  # the one told least recently first

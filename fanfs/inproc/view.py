@@ -5,7 +5,9 @@ Opened at the first open of a file under the mount, with one request to its cont
 mount's sealed memory (mapped here, never copied, never checksummed again: the seals say nobody changed it since the
 mount validated it), the presentation as the mount's shown memory (read at every open: a ``fanfs ctl`` switch reaches
 the next open), and the *recipe* of this node's store: the store's own shards, or a job node's staged copy, lazy cache
-and peers, as the node's mount reads them.  A forked child keeps all of it (the store renews its locks).
+and peers, as the node's mount reads them; and where the mount reads ahead of a known order, its memory of reads, in
+which this process notes its reads as the mount's serving processes do.  A forked child keeps all of it (the store
+renews its locks).
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ class MountView:
     FILE = FILE
     inode = staticmethod(inode)  # the mount's inode number of an entry at a view
     def __init__(self, mountpoint: str) -> None:
-        answer, fds, pid = request_with_fds(mountpoint, {"cmd": "view"}, ASK_TIMEOUT, max_fds=2)
+        answer, fds, pid = request_with_fds(mountpoint, {"cmd": "view"}, ASK_TIMEOUT, max_fds=3)
         try:
-            if len(fds) != 2 or not is_sealed(fds[0]):
+            if len(fds) != 2 + bool(answer.get("reads")) or not is_sealed(fds[0]):
                 raise FanfsError(f"the daemon of {mountpoint} did not hand over its sealed index")
             index_memory = mmap.mmap(fds[0], int(answer["index_bytes"]), mmap.MAP_SHARED, mmap.PROT_READ)
             self.shown = ShownView(mmap.mmap(fds[1], HEADER, mmap.MAP_SHARED, mmap.PROT_READ))
+            reads = mmap.mmap(fds[2], 0) if len(fds) == 3 else None  # the mount's memory of reads: noted here too
         finally:
             for fd in fds:
                 os.close(fd)
@@ -66,6 +69,8 @@ class MountView:
             shards = LocalShards(os.path.join(root, SHARD_DIR), bytes.fromhex(index.meta["store_id"]),
                                  network=bool(recipe.get("network")))
             self.store = Store(root, cache_size=CACHE_SIZE, index=index, sources=[shards], check_shards=False)
+        if reads is not None:
+            self.store.follow_reads(reads)  # its read-ahead of a known order sees this process's reads
         self.types = memoryview(index.type)  # per entry (a Python int each: read at every open)
         self._daemon = _Liveness(pid)
         self._probed = 0.0  # when the daemon was last seen alive

@@ -3,9 +3,11 @@ own process, as the mount reads it, with no request per file.
 
 Asked once per reader process over the control socket (whose both ends check the other is the same user), the
 "view" answer says which store and how this node reads it (its *recipe*: the store's own shards, or a job node's
-staged copy, lazy cache and peers), and passes two descriptors: the index the mount validated, in sealed memory
-(:mod:`fanfs.store.sealed`: one copy per node, which nobody can change), and the shown memory
-(:mod:`.shown`: whether the mount serves, and the presentation it shows now).
+staged copy, lazy cache and peers), and passes two or three descriptors: the index the mount validated, in sealed
+memory (:mod:`fanfs.store.trust`: one copy per node, which nobody can change), the shown memory (:mod:`.shown`: whether
+the mount serves, and the presentation it shows now), and, where the mount reads ahead of a known order, its memory of
+reads (:meth:`fanfs.store.Store.follow_reads`), in which the reader notes its own, as the serving processes do, so that
+the read-ahead sees how far it got.
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ def view_handler(store: Store, shown: Callable[[], Shown], mountpoint: str,
         return memory[0].fd
 
     def view(message: dict[str, Any]) -> dict[str, Any]:
+        clock = store.read_clock
+        reads = [] if clock is None or clock.fd is None else [clock.fd]
         return {"store": store.root, "store_id": store.meta["store_id"], "mountpoint": mountpoint,
                 "index_bytes": len(store.index.memory), "recipe": recipe() if recipe is not None else store_recipe(store),
-                FDS: [index_fd(), shown().fd]}
+                "reads": bool(reads), FDS: [index_fd(), shown().fd, *reads]}
 
     return view

@@ -34,7 +34,7 @@ from .format import DIR, FILE, INDEX_NAME, SHARD_DIR, checksum, shard_name
 from .index import Index
 from .shared import ReportTimes, SharedChunks
 from .resident import InMemory, Tally, join
-from .stats import Stats
+from .stats import ReadClock, Stats, tick
 from .sources import InPlace, LocalShards, ReadsInMemory, ReadsRuns, ShardSource, check_shard_files
 
 log = logging.getLogger("fanfs")
@@ -100,19 +100,22 @@ class Store:
         in_place = np.isin(ix.record, [kind.kind_id for kind in kinds().values() if kind.in_place]) & (ix.type == FILE)
         self.extents = ExtentPlaces(ix, in_place, self.sources, self.stats, self.chunk_size, self.fault) if in_place.any() else None
         self.touched: memoryview | None = None  # per entry, the clock at its last read (see follow_reads)
+        self.read_clock: ReadClock | None = None
         self.clock: Callable[[], int] = int
         _OPEN.add(self)
 
-    def follow_reads(self, clock: Callable[[], int]) -> memoryview:
-        """Note ``clock()`` (a uint32) at every read of each file from now on, in memory the processes forked after
-        this share (a mount's serving processes): how a read-ahead sees how far its readers got.  Returns that
+    def follow_reads(self, shared: mmap.mmap | None = None) -> memoryview:
+        """Note the :func:`.stats.tick` of every read of each file from now on (:class:`.stats.ReadClock`), in memory
+        shared by the processes forked after this (a mount's serving processes) and by every process that maps its
+        memfd (the mount hands it to ``fanfs run``'s readers, which pass their mapping as ``shared``).  Returns that
         memory, a uint32 per entry."""
-        if self.touched is None:
-            self.touched = memoryview(mmap.mmap(-1, 4 * max(1, self.index.entries))).cast("I")
-        self.clock = clock
+        if self.read_clock is None:
+            self.read_clock = ReadClock(self.index.entries, shared)
+            self.touched = self.read_clock.ticks
+        self.clock = tick
         if self.extents is not None:
-            self.extents.touched, self.extents.clock = self.touched, clock
-        return self.touched
+            self.extents.touched, self.extents.clock = self.touched, tick
+        return self.read_clock.ticks
 
     # --- metadata -------------------------------------------------------------------------------
 
@@ -370,6 +373,8 @@ class Store:
 
     def close(self) -> None:
         _OPEN.discard(self)
+        if self.read_clock is not None:
+            self.read_clock.close()
         if self.extents is not None:
             self.extents.close()
         for source in self.sources:

@@ -1,9 +1,14 @@
-"""What a store served: ``fanfs stats`` shows it."""
+"""What a store served (:class:`Stats`: ``fanfs stats`` shows it), and when each of its files was last read
+(:class:`ReadClock`: how a read-ahead of a known order sees how far its readers got, :mod:`fanfs.cache.follow`)."""
 
 from __future__ import annotations
 
+import mmap
+import os
+import time
 from dataclasses import dataclass, field
 
+from ..errors import FanfsError
 from ..records import SIDE_LAYER, SIDE_LAYERS
 
 
@@ -38,3 +43,34 @@ class Stats:
                 "decode_seconds": round(self.decode_seconds, 6), "errors": self.errors,
                 "bytes_spliced": self.bytes_spliced, "bytes_verified": self.bytes_verified,
                 "by_source": dict(self.by_source)}
+
+
+TICKS_PER_SECOND = 100
+
+
+def tick() -> int:
+    """Now, in the unit of the readers' clock: 1/100 s since boot, a uint32 (a year's worth)."""
+    return int(time.monotonic() * TICKS_PER_SECOND) & 0xFFFFFFFF
+
+
+class ReadClock:
+    """When each file was last read: a uint32 per entry, the :func:`tick` of its last read, in memory that every
+    reader writes: a mount's serving processes (forked after it was made) and ``fanfs run``'s readers (handed its
+    memfd).  For ``entries`` entries: made here (a memfd, :attr:`fd`, for the mount to hand its readers), or
+    ``shared``, a reader's mapping of the mount's."""
+
+    def __init__(self, entries: int, shared: mmap.mmap | None = None) -> None:
+        size = 4 * max(1, entries)
+        self.fd: int | None = None
+        if shared is None:
+            self.fd = os.memfd_create("fanfs-reads", os.MFD_CLOEXEC)
+            os.ftruncate(self.fd, size)
+            shared = mmap.mmap(self.fd, size)
+        elif len(shared) != size:
+            raise FanfsError(f"the mount's memory of reads holds {len(shared)} bytes, not {size}")
+        self.ticks = memoryview(shared).cast("I")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
