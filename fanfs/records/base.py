@@ -14,8 +14,7 @@ from . import settings as _settings
 from .settings import FULL, Presentation, Setting, register_setting, settings
 
 AddOption = Callable[..., Any]
-"""How a kind declares a command-line option: argparse's ``add_argument`` (a ``type=`` raising ValueError is
-reported with its message)."""
+"""How a kind declares an option: argparse's ``add_argument`` (a ``type=`` raising ValueError: reported as is)."""
 
 
 class Cache(Protocol):
@@ -153,6 +152,10 @@ class RecordKind:
         """Bytes ``[offset, offset + size)`` of the file as presented at ``view``."""
         raise NotImplementedError
 
+    def whole_blob(self, index: Columns, entry: int, view: int) -> int:
+        """The blob whose bytes are the whole file at ``view`` (read whole: no pieces to join), or -1: none."""
+        return -1
+
     def spans(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> list[Span]:
         """The same bytes as :meth:`read`, as pieces ``data[start:start + length]`` left unsliced, which a kind may
         give without copying (a FUSE reply is then sent from the pieces themselves)."""
@@ -161,14 +164,12 @@ class RecordKind:
 
     def blob_run(self, index: Columns, entry: int, view: int, offset: int, size: int) -> tuple[int, int]:
         """The blobs ``(first, count)`` that reading bytes ``[offset, offset + size)`` at ``view`` asks for one after
-        another: a node that lacks them fetches them from a peer in one round trip.  By default ``(0, 0)``: one
-        at a time, as asked."""
+        another (a node that lacks them fetches them from a peer in one round trip); ``(0, 0)``: one at a time."""
         return (0, 0)
 
     def reads_within(self, view: int, other: int) -> bool:
         """Whether a file of this kind shown at ``view`` reads only blobs it reads when shown at ``other`` (a node
-        serves a read from its staged layers alone).  Views are nested by default: a lower one reads a prefix of
-        a higher one's layers (JPEG scans, float planes)."""
+        serves a read from its staged layers alone).  Nested by default: a lower view reads a prefix of the layers."""
         return view <= other
 
     def presentation_notes(self, index: Columns, entries: np.ndarray, presentation: Presentation) -> list[str]:

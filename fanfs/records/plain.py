@@ -31,6 +31,9 @@ class PlainFiles(RecordKind):
             return data[start:start + length]
         return b"".join(data[start:start + length] for data, start, length in spans)
 
+    def whole_blob(self, index: Columns, entry: int, view: int) -> int:  # a file of one chunk: nearly every file
+        return index.items.first[entry] if index.items.count[entry] == 1 else -1
+
     def spans(self, reader: Reader, entry: int, view: int, offset: int, size: int) -> list[Span]:
         """Each chunk's part of the read as its decoded bytes and where in them, unsliced: the kernel splits a large
         read into requests that need not match chunks, and a request is then sent from the chunks themselves, each

@@ -81,9 +81,10 @@ class Index:
         digest = checksum(path)
         hashes = self._hash_sorted
         i = bisect_left(hashes, digest)
+        paths, offsets = self._paths, self._path_offset
         while i < len(hashes) and hashes[i] == digest:
             entry = self._hash_entry[i]
-            if self.path(entry) == path:
+            if paths[offsets[entry]:offsets[entry + 1]] == path:  # compared in place, no copy
                 return entry
             i += 1
         return -1

@@ -35,7 +35,7 @@ from .index import Index
 from .shared import ReportTimes, SharedChunks
 from .resident import InMemory, Tally, join
 from .stats import ReadClock, Stats, tick
-from .sources import InPlace, LocalShards, ReadsInMemory, ReadsRuns, ShardSource, check_shard_files
+from .sources import InPlace, LocalShards, ReadsInMemory, ReadsRuns, ShardSource, check_shard_files, fetch_run
 
 log = logging.getLogger("fanfs")
 ONCE = " (logged once for this shard and cause)"
@@ -197,26 +197,6 @@ class Store:
         raise self.fault(entry, blob, f"no good copy ({'; '.join(problems) or 'no source holds it'})",
                          "no good copy: " + "; ".join(causes))
 
-    def _fetch_run(self, first: int, count: int) -> dict[int, tuple[bytes, str]]:
-        """Blobs ``first .. first + count - 1`` from the first source that gives them all in one round trip, each
-        checked; empty if none does (the blob-at-a-time path then asks every source, logs and falls back)."""
-        for source in self._run_sources:
-            try:
-                data = source.read_run(first, count)
-            except NotHeld:
-                continue
-            except (OSError, FanfsError):
-                continue  # this holder failed (logged by its client): the next one may not
-            blobs, pos = {}, 0
-            for blob in range(first, first + count):
-                part = data[pos:pos + self._stored[blob]]
-                pos += len(part)
-                if len(part) != self._stored[blob] or checksum(part) != self._checksum[blob]:
-                    return {}
-                blobs[blob] = (part, source.name)
-            return blobs
-        return {}
-
     def fault(self, entry: int, blob: int, why: str, cause: str | None = None) -> DataError:
         """The EIO for a blob that cannot be had or used: counted, and logged as one line naming the file, shard and
         blob, once per ``cause`` in its shard (by default ``why`` without its numbers); the caller raises it."""
@@ -286,7 +266,22 @@ class Store:
 
     def read(self, entry: int, offset: int, size: int, view: int = FULL) -> bytes:
         """Bytes ``[offset, offset+size)`` of a file as presented at ``view``."""
+        if offset == 0:
+            blob = self._kinds[self._record[entry]].whole_blob(self.index, entry, view)
+            if blob >= 0 and size >= self._raw[blob]:
+                return self._whole(entry, blob)
         return join(self.spans(entry, offset, size, view))
+
+    def _whole(self, entry: int, blob: int) -> bytes:
+        """A file read whole that is one blob: that blob's bytes, counted as :meth:`spans` counts a read."""
+        if self.touched is not None:
+            self.touched[entry] = self.clock()
+        data = self.blob(entry, blob, 0, False)
+        if len(data) != self.index.items.size[entry]:
+            raise self.fault(entry, blob, "the file's blob is not the file's size")
+        self.stats.reads += 1
+        self.stats.bytes_presented += len(data)
+        return data
 
     def spans(self, entry: int, offset: int, size: int, view: int = FULL, wait: bool = True) -> list[Span]:
         """The same bytes as :meth:`read`, as pieces ``data[start:start + length]`` left unsliced: a FUSE reply is
@@ -309,7 +304,7 @@ class Store:
             reader.tally.commit(self.stats)
         elif self._runs and not self.is_local(entry, view):
             first, count = kind.blob_run(self.index, entry, view, offset, size)
-            here.blobs = self._fetch_run(first, count) if count > 1 else None
+            here.blobs = fetch_run(self._run_sources, first, count, self._stored, self._checksum) if count > 1 else None
             try:
                 spans = kind.spans(self, entry, view, offset, size)
             finally:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import os
 import threading
 from abc import ABC, abstractmethod
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import NotHeld, StoreError, WouldWait
+from ..errors import FanfsError, NotHeld, StoreError, WouldWait
 from ..util.deadline import close_within, deadline_for, within
 from ..util.files import open_regular
 from .resident import NoWaitReads
-from .format import SHARD_DIR, SHARD_HEADER, check_shard_header, shard_name
+from .format import SHARD_DIR, SHARD_HEADER, check_shard_header, checksum, shard_name
 
 __all__ = ["NotHeld", "ShardSource", "InPlace", "ReadsRuns", "ReadsInMemory", "Descriptors", "LocalShards",
            "HeldShards", "reopen"]
@@ -82,9 +82,34 @@ class ReadsRuns(Protocol):
     """A source that gives a run of one file's blobs in one round trip (a peer): a read of several blobs this node
     lacks fetches them at once."""
 
+    name: str
+
     def read_run(self, first: int, count: int) -> bytes:
         """The stored bytes of blobs ``first .. first + count - 1``, back to back; NotHeld as ``read`` raises it."""
         ...
+
+
+def fetch_run(sources: list[ReadsRuns], first: int, count: int, stored: Any,
+              checksums: Any) -> dict[int, tuple[bytes, str]]:
+    """Blobs ``first .. first + count - 1`` from the first of ``sources`` that gives them all in one round trip, each
+    checked against ``checksums`` (``stored``: their sizes); empty if none does (the blob-at-a-time path then asks every
+    source, logs and falls back)."""
+    for source in sources:
+        try:
+            data = source.read_run(first, count)
+        except NotHeld:
+            continue
+        except (OSError, FanfsError):
+            continue  # this holder failed (logged by its client): the next one may not
+        blobs, pos = {}, 0
+        for blob in range(first, first + count):
+            part = data[pos:pos + stored[blob]]
+            pos += len(part)
+            if len(part) != stored[blob] or checksum(part) != checksums[blob]:
+                return {}
+            blobs[blob] = (part, source.name)
+        return blobs
+    return {}
 
 
 @runtime_checkable
