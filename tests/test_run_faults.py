@@ -221,6 +221,35 @@ def test_fileno_after_a_switch_is_the_view_the_file_was_opened_at(tmp_path, moun
         assert reader.ask("fileno") == [kept[0], kept]
 
 
+def test_a_chunk_is_verified_once_for_the_node_not_once_per_reader(tmp_path, mount):
+    """An extent's chunks verified by a reader under fanfs run are the mount's verified chunks too (and the other way
+    round): read again through the mount, they are spliced with no second verification; and a copy changed since is
+    verified again before the mount splices it (the changed chunk an EIO)."""
+    big = tmp_path / "bigsrc"
+    big.mkdir()
+    (big / "big.raw").write_bytes(os.urandom(6 << 20))
+    fanfs("pack", big, tmp_path / "bigstore", "--quiet")
+    with mount(tmp_path / "bigstore") as mnt:
+        got = read(mnt, "files", "big.raw")
+        assert got["in_process"] and got["big.raw"] == figures((big / "big.raw").read_bytes())
+        assert (mnt / "big.raw").read_bytes() == (big / "big.raw").read_bytes()  # this process: through the mount
+        stats = control.request(str(mnt), {"cmd": "stats"})
+        assert stats["bytes_spliced"] == 6 << 20 and stats["bytes_verified"] == 0, stats
+        shard, at = _shard_of(tmp_path / "bigstore", "big.raw")
+        with open(shard, "r+b") as f:  # a byte of its fourth chunk changed since the reader verified it
+            f.seek(at + (3 << 20) + 5)
+            f.write(b"\x00" if f.read(1) != b"\x00" else b"\x01")
+        fd = os.open(mnt / "big.raw", os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the mount's pages of it: the daemon is asked again
+            assert len(os.pread(fd, 1 << 20, 2 << 20)) == 1 << 20
+            with pytest.raises(OSError) as err:
+                os.pread(fd, 1 << 20, 3 << 20)
+            assert err.value.errno == errno.EIO
+        finally:
+            os.close(fd)
+
+
 @pytest.mark.slow
 def test_a_reader_killed_mid_read_leaves_the_mount_serving_the_others(small, tmp_path, mount):
     src, store = small

@@ -5,9 +5,10 @@ Opened at the first open of a file under the mount, with one request to its cont
 mount's sealed memory (mapped here, never copied, never checksummed again: the seals say nobody changed it since the
 mount validated it), the presentation as the mount's shown memory (read at every open: a ``fanfs ctl`` switch reaches
 the next open), and the *recipe* of this node's store: the store's own shards, or a job node's staged copy, lazy cache
-and peers, as the node's mount reads them; and where the mount reads ahead of a known order, its memory of reads, in
-which this process notes its reads as the mount's serving processes do.  A forked child keeps all of it (the store
-renews its locks).
+and peers, as the node's mount reads them; where the mount reads ahead of a known order, its memory of reads, in
+which this process notes its reads as the mount's serving processes do; and where the store holds extents, the
+mount's record of the chunks verified in each copy, shared as its serving processes share it.  A forked child keeps
+all of it (the store renews its locks).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ CACHE_SIZE = 16 << 20
 """Decoded blobs a reader process keeps (a file read whole keeps none: its bytes are the file object's)."""
 ASK_TIMEOUT = 30.0
 """Seconds the first open under a mount waits for its daemon's answer (the daemon answers in milliseconds)."""
+SHARED = ("index", "shown", "reads", "extents")
+"""The memories a mount may share with a reader (:mod:`fanfs.serve.publish`), a descriptor each."""
 PROBE = 0.001
 """Seconds between two looks at whether the daemon lives (a mount that ends cleanly says so at once, in its shown
 memory; one whose daemon was killed is known ended within this long)."""
@@ -47,13 +50,14 @@ class MountView:
     FILE = FILE
     inode = staticmethod(inode)  # the mount's inode number of an entry at a view
     def __init__(self, mountpoint: str) -> None:
-        answer, fds, pid = request_with_fds(mountpoint, {"cmd": "view"}, ASK_TIMEOUT, max_fds=3)
+        answer, fds, pid = request_with_fds(mountpoint, {"cmd": "view"}, ASK_TIMEOUT, max_fds=len(SHARED))
         try:
-            if len(fds) != 2 + bool(answer.get("reads")) or not is_sealed(fds[0]):
+            shared = dict(zip(answer.get("shared", ()), fds))
+            if len(shared) != len(fds) or not is_sealed(shared.get("index", -1)) or "shown" not in shared:
                 raise FanfsError(f"the daemon of {mountpoint} did not hand over its sealed index")
-            index_memory = mmap.mmap(fds[0], int(answer["index_bytes"]), mmap.MAP_SHARED, mmap.PROT_READ)
-            self.shown = ShownView(mmap.mmap(fds[1], HEADER, mmap.MAP_SHARED, mmap.PROT_READ))
-            reads = mmap.mmap(fds[2], 0) if len(fds) == 3 else None  # the mount's memory of reads: noted here too
+            index_memory = mmap.mmap(shared["index"], int(answer["index_bytes"]), mmap.MAP_SHARED, mmap.PROT_READ)
+            self.shown = ShownView(mmap.mmap(shared["shown"], HEADER, mmap.MAP_SHARED, mmap.PROT_READ))
+            memory = {name: mmap.mmap(shared[name], 0) for name in ("reads", "extents") if name in shared}
         finally:
             for fd in fds:
                 os.close(fd)
@@ -69,8 +73,11 @@ class MountView:
             shards = LocalShards(os.path.join(root, SHARD_DIR), bytes.fromhex(index.meta["store_id"]),
                                  network=bool(recipe.get("network")))
             self.store = Store(root, cache_size=CACHE_SIZE, index=index, sources=[shards], check_shards=False)
-        if reads is not None:
-            self.store.follow_reads(reads)  # its read-ahead of a known order sees this process's reads
+        if "reads" in memory:
+            self.store.follow_reads(memory["reads"])  # its read-ahead of a known order sees this process's reads
+        extents = self.store.extents
+        if "extents" in memory and extents is not None and answer["sources"] == [s.name for s in self.store.sources]:
+            extents.adopt(memory["extents"])  # a chunk verified once for the node, not once per reader
         self.types = memoryview(index.type)  # per entry (a Python int each: read at every open)
         self._daemon = _Liveness(pid)
         self._probed = 0.0  # when the daemon was last seen alive

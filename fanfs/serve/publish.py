@@ -3,11 +3,12 @@ own process, as the mount reads it, with no request per file.
 
 Asked once per reader process over the control socket (whose both ends check the other is the same user), the
 "view" answer says which store and how this node reads it (its *recipe*: the store's own shards, or a job node's
-staged copy, lazy cache and peers), and passes two or three descriptors: the index the mount validated, in sealed
+staged copy, lazy cache and peers), and passes a descriptor of each memory it shares: the index the mount validated, in sealed
 memory (:mod:`fanfs.store.trust`: one copy per node, which nobody can change), the shown memory (:mod:`.shown`: whether
-the mount serves, and the presentation it shows now), and, where the mount reads ahead of a known order, its memory of
+the mount serves, and the presentation it shows now); where the mount reads ahead of a known order, its memory of
 reads (:meth:`fanfs.store.Store.follow_reads`), in which the reader notes its own, as the serving processes do, so that
-the read-ahead sees how far it got.
+the read-ahead sees how far it got; and where the store holds extents, its record of the chunks verified in each copy
+(:meth:`fanfs.store.extents.ExtentPlaces.adopt`), so that a chunk is verified once for the node, not once per reader.
 """
 
 from __future__ import annotations
@@ -43,10 +44,14 @@ def view_handler(store: Store, shown: Callable[[], Shown], mountpoint: str,
         return memory[0].fd
 
     def view(message: dict[str, Any]) -> dict[str, Any]:
+        shared = {"index": index_fd(), "shown": shown().fd}
         clock = store.read_clock
-        reads = [] if clock is None or clock.fd is None else [clock.fd]
+        if clock is not None and clock.fd is not None:
+            shared["reads"] = clock.fd
+        if store.extents is not None and store.extents.memory_fd is not None:
+            shared["extents"] = store.extents.memory_fd
         return {"store": store.root, "store_id": store.meta["store_id"], "mountpoint": mountpoint,
                 "index_bytes": len(store.index.memory), "recipe": recipe() if recipe is not None else store_recipe(store),
-                "reads": bool(reads), FDS: [index_fd(), shown().fd, *reads]}
+                "sources": [source.name for source in store.sources], "shared": list(shared), FDS: list(shared.values())}
 
     return view

@@ -73,12 +73,12 @@ class ExtentPlaces:
         self._first, self._size, self._shard = memoryview(index.first), memoryview(index.size), memoryview(index.shard)
         self._offset, self._stored = memoryview(index.blob_offset), memoryview(index.blob_stored)
         self._checksum = memoryview(index.blob_checksum)
-        blobs, copies = max(1, int(index.blob_offset.size)), len(self._sources) * max(1, int(index.shard_size.size))
-        self._memory = mmap.mmap(-1, 8 * copies + blobs + len(self._sources))  # shared with the processes forked after
-        # per copy (source x shard): its identity (change time and size) when a chunk of it was verified (0: none yet)
-        self._changed = np.frombuffer(self._memory, np.int64, copies).reshape(len(self._sources), -1)
-        self._verified = memoryview(self._memory)[8 * copies:8 * copies + blobs]  # per blob: 1 + its source (0: none)
-        self._was_cut = memoryview(self._memory)[8 * copies + blobs:]  # per source: 1 once a copy of its changed
+        self._blobs = max(1, int(index.blob_offset.size))
+        self._copies = len(self._sources) * max(1, int(index.shard_size.size))
+        size = 8 * self._copies + self._blobs + len(self._sources)
+        self.memory_fd: int | None = os.memfd_create("fanfs-extents", os.MFD_CLOEXEC)  # for a mount's readers
+        os.ftruncate(self.memory_fd, size)
+        self._map(mmap.mmap(self.memory_fd, size))  # shared with the processes forked after, and readers that adopt it
         # sources written while they serve (a lazy cache's fills): their change time moves by design
         self._filled = [bool(getattr(source, "written_while_serving", False)) for source in self._sources]
         self._streams: OrderedDict[int, _Stream] = OrderedDict()
@@ -88,6 +88,29 @@ class ExtentPlaces:
         self._buffers = threading.local()
         self.touched: memoryview | None = None  # per entry, the clock at its last read (Store.follow_reads)
         self.clock: Callable[[], int] = int
+
+    def _map(self, memory: mmap.mmap) -> None:
+        copies, blobs = self._copies, self._blobs
+        self._memory = memory
+        # per copy (source x shard): its identity (change time and size) when a chunk of it was verified (0: none yet)
+        self._changed = np.frombuffer(memory, np.int64, copies).reshape(len(self._sources), -1)
+        self._verified = memoryview(memory)[8 * copies:8 * copies + blobs]  # per blob: 1 + its source (0: none)
+        self._was_cut = memoryview(memory)[8 * copies + blobs:]  # per source: 1 once a copy of its changed
+
+    def adopt(self, memory: mmap.mmap) -> None:
+        """Share the record of verified chunks of a mount of this store whose sources are these, in this order (its
+        memory, mapped from its :attr:`memory_fd`: ``fanfs run``'s readers): a chunk it or any of its readers verified
+        is not verified again here, and a copy seen changed here is verified again there, as between its serving
+        processes."""
+        if len(memory) != len(self._memory):
+            raise FanfsError(f"the mount's record of verified chunks holds {len(memory)} bytes, not {len(self._memory)}")
+        self._map(memory)
+        self._close_memory()
+
+    def _close_memory(self) -> None:
+        if self.memory_fd is not None:
+            os.close(self.memory_fd)
+            self.memory_fd = None
 
     def locate(self, entry: int, offset: int, size: int, wait: bool = True) -> Located | None:
         """Where bytes ``[offset, offset + size)`` of extent ``entry`` (cut at its end) lie in a copy this node holds,
@@ -210,7 +233,7 @@ class ExtentPlaces:
         of its own (never on the word of the copy path: :meth:`vouch`)."""
         self._was_cut[source] = 1
         self._changed[source] = 0
-        verified = np.frombuffer(self._memory, np.uint8, len(self._verified), 8 * self._changed.size)
+        verified = np.frombuffer(self._memory, np.uint8, self._blobs, 8 * self._copies)
         verified[verified == source + 1] = 0
 
     def unreadable(self, located: Located, why: str) -> None:
@@ -326,6 +349,7 @@ class ExtentPlaces:
             for stream in self._streams.values():
                 os.close(stream.fd)
             self._streams.clear()
+        self._close_memory()
 
 
 def _identity(st: os.stat_result) -> int:
