@@ -13,8 +13,8 @@ How far ahead: at most :data:`AHEAD_FILES` files whose fetches were issued and w
 the *budget*: bytes fetched ahead for files not read yet (a subclass says what a file holds of it, and when it gives
 it back).  The readers' progress is seen in the tick each read leaves on its file (:meth:`fanfs.store.Store.
 follow_reads`, written by every serving process and every reader of ``fanfs run``).  A file read just now when its
-turn comes means the readers are ahead: it is skipped.  Files no reader read while later ones were (an order not quite followed) are given up after
-:data:`SLACK` positions.
+turn comes means the readers are ahead: it is skipped.  Files no reader read while later ones were (an order not
+quite followed) are given up after :data:`SLACK` positions.
 """
 
 from __future__ import annotations

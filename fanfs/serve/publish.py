@@ -1,13 +1,13 @@
 """What a mount hands an in-process reader of its files (``fanfs run``): enough to read the same store in the reader's
 own process, as the mount reads it, with no request per file.
 
-Asked once per reader process over the control socket (whose both ends check the other is the same user), the
-"view" answer says which store and how this node reads it (its *recipe*: the store's own shards, or a job node's
-staged copy, lazy cache and peers), and passes a descriptor of each memory it shares: the index the mount validated, in sealed
-memory (:mod:`fanfs.store.trust`: one copy per node, which nobody can change), the shown memory (:mod:`.shown`: whether
-the mount serves, and the presentation it shows now); where the mount reads ahead of a known order, its memory of
-reads (:meth:`fanfs.store.Store.follow_reads`), in which the reader notes its own, as the serving processes do, so that
-the read-ahead sees how far it got; and where the store holds extents, its record of the chunks verified in each copy
+Asked once per reader process over the control socket (whose both ends check the other is the same user), the "view"
+answer says which store and how this node reads it (its *recipe*: the store's own shards, or a job node's staged copy,
+lazy cache and peers), and passes a descriptor of each memory it shares: the index the mount validated, in sealed memory
+(:mod:`fanfs.store.trust`: one copy per node, which nobody can change), the shown memory (:mod:`.shown`: whether the
+mount serves, and the presentation it shows now); where the mount reads ahead of a known order, its memory of reads
+(:meth:`fanfs.store.Store.follow_reads`), in which the reader notes its own, as the serving processes do, so that the
+read-ahead sees how far it got; and where the store holds extents, its record of the chunks verified in each copy
 (:meth:`fanfs.store.extents.ExtentPlaces.adopt`), so that a chunk is verified once for the node, not once per reader.
 """
 
