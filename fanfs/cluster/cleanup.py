@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from ..errors import FanfsError
 from ..serve.control import runtime_name
-from ..util.mounts import FanfsMount, fanfs_mounts, mounted, mounts_within, unmount
+from ..util.mounts import FanfsMount, fanfs_mounts, mounts_within, unmount
 from ..util.processes import wait_ended
 
 LOCK = re.compile(r"(.*)/([0-9a-f]{16})\.lock( \(deleted\))?")
@@ -99,7 +99,7 @@ def clean(job: Job, bases: list[str]) -> Job:
     every = _daemons(job)
     daemons = [d for d in every if job.ours(d.node)]
     others = {LOCK.fullmatch(lock)[2] for d in every if d not in daemons for lock in d.locks}  # another node's mounts
-    mounts = [m for m in _mounts(job) if runtime_name(m.mountpoint) not in others]
+    mounts = [m for m in _mounts(job) if runtime_name(m.mountpoint, real=True) not in others]
     dirs = _directories(job, bases, [m.mountpoint for m in mounts] + [lock for d in daemons for lock in d.locks])
     for found in mounts:
         _unmount(job, found.mountpoint)
@@ -193,14 +193,19 @@ def _listed(directory: str) -> list[str]:
 
 
 def _unmount(job: Job, mountpoint: str) -> None:
-    if not mounted(mountpoint):
+    """Detach a mount of the job's (as the mount table names it: never looked at, a hung mount would not answer)."""
+    if not _mounted(mountpoint):
         return
     done = unmount(mountpoint, lazy=True)
-    if not mounted(mountpoint):
+    if not _mounted(mountpoint):
         job.done.append(f"unmounted {mountpoint}")
         return
     reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{done.args[0]} failed"
     job.problems.append(f"cannot unmount {mountpoint}: {reason}")
+
+
+def _mounted(mountpoint: str) -> bool:
+    return mountpoint in mounts_within(mountpoint)
 
 
 def _end(job: Job, pids: list[int]) -> None:
@@ -236,7 +241,8 @@ def _forget(job: Job, bases: list[str], mounts: list[FanfsMount], daemons: list[
     """Remove the control sockets and locks of the ended mounts and daemons from the user's runtime directories: in a
     directory of the user's own that others cannot write, where no daemon holds the lock (a new mount at the same
     place since)."""
-    stems = {runtime_name(m.mountpoint) for m in mounts} | {LOCK.fullmatch(lock)[2] for d in daemons for lock in d.locks}
+    stems = {runtime_name(m.mountpoint, real=True) for m in mounts}
+    stems.update(LOCK.fullmatch(lock)[2] for d in daemons for lock in d.locks)
     for directory in sorted(_runtime_dirs(job, bases, daemons)):
         try:
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -34,9 +34,10 @@ FDS = "_fds"
 """A handler's answer may list descriptors under this key: they are passed with it (``SCM_RIGHTS``), not written."""
 
 
-def runtime_name(mountpoint: str) -> str:
-    """The name, less its suffix, of ``mountpoint``'s control socket, lock and log in a runtime directory."""
-    return hashlib.sha1(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:16]
+def runtime_name(mountpoint: str, *, real: bool = False) -> str:
+    """The name, less its suffix, of ``mountpoint``'s control socket, lock and log in a runtime directory.  ``real``:
+    the path is real already (the mount table's), and is not looked at (a hung mount would not answer)."""
+    return hashlib.sha1(os.fsencode(mountpoint if real else os.path.realpath(mountpoint))).hexdigest()[:16]
 
 
 def _stem(mountpoint: str) -> str:
