@@ -157,7 +157,8 @@ def wait_for(condition, slurm: SlurmCluster, jobs: dict[str, int], timeout: floa
     deadline = time.monotonic() + timeout
     while not condition():
         ended = [job for job in jobs.values() if slurm.state(job).state in FINAL_STATES]
-        assert not ended and time.monotonic() < deadline, {user: (slurm.state(job), slurm.output(job)) for user, job in jobs.items()}
+        assert not ended and time.monotonic() < deadline, {user: (slurm.state(job), slurm.output(job))
+                                                           for user, job in jobs.items()}
         time.sleep(0.2)
 
 

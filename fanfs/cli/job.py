@@ -147,7 +147,8 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if os.getuid() not in (0, uid):
         raise UsageError("only root may clean up another user's job")
     local = os.environ.get("FANFS_LOCAL", "")
-    bases = list(dict.fromkeys(os.path.abspath(p) for p in (*(args.local or ()), *([local] if local else []), *DEFAULT_LOCAL)))
+    given = (*(args.local or ()), *([local] if local else []), *DEFAULT_LOCAL)
+    bases = list(dict.fromkeys(os.path.abspath(path) for path in given))
     done = clean(Job(job, uid, args.node or os.environ.get("SLURMD_NODENAME") or None), bases)
     for line in done.done or ["nothing left on this node"]:
         print(f"fanfs cleanup: job {job}: {line}", flush=True)

@@ -148,7 +148,8 @@ def _ahead_lines(ahead: dict) -> list[str]:
 
 def _list_mounts(as_json: bool) -> int:
     """``fanfs stats`` with no mount point: every fanfs mount of this node (from the kernel's mount table), whose it is,
-    of which store and Slurm job, and for those this user may inspect (their own; root: every user's) its daemon and reads."""
+    of which store and Slurm job, and for those this user may inspect (their own; root: every user's) its daemon and
+    reads."""
     from ..serve.control import ControlError, request, user_name
     from ..util.mounts import fanfs_mounts
     rows = []
