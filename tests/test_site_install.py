@@ -105,7 +105,7 @@ def test_another_user_runs_the_site_install_through_its_module(site, alice, slur
         run = admin_block("training-env", **{"/opt/fanfs": str(prefix)})
         trained = bash(loaded + f"export FANFS_MNT={mnt}\n" + run, user, env, cwd=home)
         assert "read a in-process" in trained.stdout, trained.stdout + trained.stderr
-        root_env = {"PATH": f"{prefix}/bin:{BASE_PATH}", "MNT": str(mnt)}
+        root_env = {"PATH": f"{prefix}/bin:{BASE_PATH}", "MNT": str(mnt), "FANFS_RUNTIME_DIR": str(home / "root-run")}
         inspected = bash(admin_block("inspect"), env=root_env)
         assert f"{mnt}  {user.pw_name} (uid {user.pw_uid})  {store}: daemon pid " in inspected.stdout, inspected.stdout
         assert f"unmounted {mnt}" in inspected.stdout
