@@ -37,3 +37,13 @@ def test_docs_build_without_warnings(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "html" / "cli.html").exists() and (tmp_path / "html" / "api.html").exists()
+
+
+def test_every_command_block_of_the_admin_page_is_run_by_a_test():
+    """docs/admin.rst (issue 50): each of its command blocks is named, and a test runs it from the page's own text
+    (``admin_block(NAME)``, tests/support/admin_page.py), so the page cannot drift from what works."""
+    from support.admin_page import blocks
+    found = [(language, name) for language, name, _ in blocks()]
+    assert found and all(name for language, name in found if language == "sh"), found
+    tests = "".join(path.read_text() for path in (REPO / "tests").glob("test_*.py"))
+    assert [name for language, name in found if language == "sh" and f'admin_block("{name}"' not in tests] == []

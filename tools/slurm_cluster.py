@@ -150,12 +150,14 @@ def _check_shareable(base: Path) -> None:
 
 @contextlib.contextmanager
 def slurm_cluster(base_dir: Path, nodes: int = 3, *, cpus_per_node: int = 4, start_timeout: float = 30,
-                  shared: bool = False) -> Iterator[SlurmCluster]:
+                  shared: bool = False, epilog: Path | None = None) -> Iterator[SlurmCluster]:
     """Start munged + slurmctld + one slurmd per node under ``base_dir``; yield a SlurmCluster.
 
     ``cpus_per_node``: CPUs each fake node claims (jobs, and steps without --overlap, need free ones).
     ``shared``: every local user may submit, each job runs as its user (root only; ``base_dir`` must be a
-    directory every user may reach).  Everything is stopped and reaped on exit, even if start-up fails half-way.
+    directory every user may reach).  ``epilog``: the node epilog each node runs when a job ends there (none by
+    default: the tests see what a job leaves).  Everything is stopped and reaped on exit, even if start-up fails
+    half-way.
     """
     base = Path(base_dir).resolve()
     if (length := step_socket_length(base, nodes)) >= SOCKET_PATH_MAX:
@@ -167,7 +169,7 @@ def slurm_cluster(base_dir: Path, nodes: int = 3, *, cpus_per_node: int = 4, sta
     kill_stale_clusters()
     names = [f"n{i}" for i in range(1, nodes + 1)]
     owner = os.getpid()
-    conf, sock = write_config(base, names, cpus_per_node, owner, shared)
+    conf, sock = write_config(base, names, cpus_per_node, owner, shared, epilog)
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LEAKY_PREFIXES)}
     env.update({CONF_VAR: str(conf), OWNER_VAR: str(owner)})
     cluster = SlurmCluster(base, names, conf, env, base / "jobs")

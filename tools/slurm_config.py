@@ -46,11 +46,13 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def write_config(base: Path, nodes: list[str], cpus_per_node: int, owner: int, shared: bool) -> tuple[Path, Path]:
+def write_config(base: Path, nodes: list[str], cpus_per_node: int, owner: int, shared: bool,
+                 epilog: Path | None = None) -> tuple[Path, Path]:
     """Write the munge key, slurm.conf and the prologs; returns (slurm.conf, munge socket).  ``owner``: the pid
     of the process that runs the cluster, which the task prolog puts in every task's environment.  ``shared``:
     every local user may submit (the daemons run as root, a job as its user): the configuration, the munge
-    socket and the nodes' ``$TMPDIR`` (sticky, as /tmp) are open to all; state and logs stay the daemons'."""
+    socket and the nodes' ``$TMPDIR`` (sticky, as /tmp) are open to all; state and logs stay the daemons'.  ``epilog``:
+a node epilog (a site's, e.g. fanfs's slurm/epilog.sh) each node runs as the daemons' user when a job ends there."""
     public = 0o755
     for sub, mode in (("etc", public), ("log", 0o700), ("state", 0o700), ("spool", public), ("tmp", public),
                       ("jobs", public), ("munge", public)):
@@ -115,6 +117,7 @@ SlurmdDebug=info
 # The task prolog gives each node its TMPDIR (Slurm itself does not); the node prolog records the job's user.
 TaskProlog={task_prolog}
 Prolog={prolog}
+{f"Epilog={epilog}" if epilog is not None else "# No node epilog: what a job leaves stays, for the tests to see."}
 MailProg=/bin/true
 
 # linuxproc: tasks tracked through their parent chain, no cgroups needed (works in any container); a

@@ -53,6 +53,7 @@ A one-host Slurm of N fake nodes (n1..nN), to try fanfs's Slurm jobs on one mach
 slurmctld and one slurmd per node, all on this host (tools/setup --test installs them).
 
   eval "$(tools/slurm-local start -N 2)"   start it; prints the line to eval: export SLURM_CONF=...
+  tools/slurm-local start --epilog FILE    with a node epilog (root: slurm/epilog.sh and the like)
   sbatch -N 2 slurm/train.sbatch STORE python train.py --data '$FANFS_MNT'
   tools/slurm-local status                 its nodes, and the line again
   tools/slurm-local stop                   cancel its jobs, stop its daemons, remove what start made
@@ -203,7 +204,7 @@ def leaves(base: Path) -> list[str]:
     return sorted(found)
 
 
-def start(cluster: Cluster, nodes: int) -> None:
+def start(cluster: Cluster, nodes: int, epilog: Path | None = None) -> None:
     missing = [name for name in DAEMONS if shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
     if missing:
         fail(f"{', '.join(missing)} not found: install Debian's slurmctld slurmd slurm-client munge "
@@ -219,7 +220,8 @@ def start(cluster: Cluster, nodes: int) -> None:
     cluster.log.parent.mkdir(exist_ok=True)
     env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
     with open(cluster.log, "ab") as log:
-        proc = subprocess.Popen([sys.executable, __file__, "serve", "-N", str(nodes), "--dir", str(cluster.base)],
+        proc = subprocess.Popen([sys.executable, __file__, "serve", "-N", str(nodes), "--dir", str(cluster.base),
+                                 *(["--epilog", str(epilog)] if epilog else [])],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     cluster.pid_file.write_text(f"{proc.pid}\n")
@@ -241,12 +243,12 @@ def last_line(log: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def serve(cluster: Cluster, nodes: int) -> None:
+def serve(cluster: Cluster, nodes: int, epilog: Path | None = None) -> None:
     """The supervisor: holds the cluster until SIGTERM (slurm_cluster turns it into KeyboardInterrupt and shuts
     everything down on the way out)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with slurm_cluster(cluster.base, nodes=nodes, shared=shared()):
+        with slurm_cluster(cluster.base, nodes=nodes, shared=shared(), epilog=epilog):
             cluster.ready.write_text(f"{nodes}\n")
             while True:
                 signal.pause()
@@ -301,6 +303,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=("start", "stop", "status", "serve"),
                         help="start, stop or show a one-host Slurm ('serve' is the supervisor start leaves)")
     parser.add_argument("-N", "--nodes", type=int, default=2, help="fake nodes n1..nN (default 2)")
+    parser.add_argument("--epilog", type=Path, metavar="FILE",
+                        help="a node epilog every node runs when a job ends there, as the daemons' user (root: "
+                             "slurm/epilog.sh, with FANFS naming the fanfs command; default none)")
     parser.add_argument("--dir", type=Path, default=default_dir(),
                         help="its directory: configuration, state and logs; a new one, or an empty one (default "
                              "/tmp/fanfs-slurm-$UID)")
@@ -308,11 +313,14 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= args.nodes <= 64:
         parser.error("-N takes 1 to 64 nodes")
     cluster = Cluster(args.dir)
+    epilog = args.epilog.absolute() if args.epilog else None
+    if epilog is not None and not (epilog.is_file() and os.access(epilog, os.X_OK)):
+        fail(f"--epilog {args.epilog}: not an executable file")
     if (length := step_socket_length(cluster.base.resolve(), args.nodes)) >= SOCKET_PATH_MAX:
         fail(f"--dir {cluster.base} is too deep for Slurm's step sockets ({length} of at most {SOCKET_PATH_MAX - 1} "
              "bytes: a job would fail to launch): give a shorter --dir")
-    {"start": lambda: start(cluster, args.nodes), "stop": lambda: stop(cluster), "status": lambda: status(cluster),
-     "serve": lambda: serve(cluster, args.nodes)}[args.action]()
+    {"start": lambda: start(cluster, args.nodes, epilog), "stop": lambda: stop(cluster),
+     "status": lambda: status(cluster), "serve": lambda: serve(cluster, args.nodes, epilog)}[args.action]()
 
 
 if __name__ == "__main__":

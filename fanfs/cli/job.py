@@ -114,7 +114,62 @@ def cmd_job_exec(args: argparse.Namespace) -> int:
     return 1  # not reached: the process is the command now
 
 
+CLEANUP_HELP = """\
+End and remove what a Slurm job left on this node, once it has ended: its fanfs mounts (dead ones too),
+its fanfs daemons (a plain 'fanfs mount' in a batch script outlives its job under proctrack/linuxproc),
+its directories fanfs-JOBID-NODE-* and its daemons' sockets. A job cleans up after itself; not when all
+its processes are killed at once (the OOM killer). Nothing of another job or user is touched, a job still
+running here is refused, and a second run finds nothing to do. What slurm/epilog.sh runs as root
+(Epilog= in slurm.conf); an administrator, or the job's user, may run it by hand.
+
+  fanfs cleanup --job 123456 --user alice --local /scratch/local
+
+Exits 1 if something of the job could not be ended or removed (each said on a line): Slurm then drains
+the node, for an administrator to look.
+"""
+DEFAULT_LOCAL = ("/tmp", "/dev/shm")
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    import pwd
+    import sys
+    from ..cluster.cleanup import Job, clean
+    job = args.job or os.environ.get("SLURM_JOB_ID", "")
+    if not job:
+        raise UsageError("which job? --job JOBID (an epilog has it in $SLURM_JOB_ID)")
+    user = args.user or os.environ.get("SLURM_JOB_UID", "")
+    if not user and os.getuid() == 0:
+        raise UsageError("whose job? --user USER (an epilog has it in $SLURM_JOB_UID)")
+    try:
+        uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid if user else os.getuid()
+    except KeyError:
+        raise UsageError(f"--user {user}: no such user") from None
+    if os.getuid() not in (0, uid):
+        raise UsageError("only root may clean up another user's job")
+    local = os.environ.get("FANFS_LOCAL", "")
+    given = (*(args.local or ()), *([local] if local else []), *DEFAULT_LOCAL)
+    bases = list(dict.fromkeys(os.path.abspath(path) for path in given))
+    done = clean(Job(job, uid, args.node or os.environ.get("SLURMD_NODENAME") or None), bases)
+    for line in done.done or ["nothing left on this node"]:
+        print(f"fanfs cleanup: job {job}: {line}", flush=True)
+    for line in done.problems:
+        print(f"fanfs: error: job {job}: {line}", file=sys.stderr, flush=True)
+    return 1 if done.problems else 0
+
+
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
+    p = command("cleanup", cmd_cleanup, "end and remove what an ended Slurm job left on this node (the epilog's)")
+    p.description = CLEANUP_HELP
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--job", metavar="JOBID", help="the job ($SLURM_JOB_ID, as an epilog has it)")
+    p.add_argument("--user", metavar="USER", help="its user, a name or a uid ($SLURM_JOB_UID, as an epilog has it; "
+                   "default: you; root must say)")
+    p.add_argument("--node", metavar="NODE", help="this node's Slurm name, for hosts that run several "
+                   "($SLURMD_NODENAME; default: any node's directories of the job here)")
+    p.add_argument("--local", action="append", metavar="DIR", help="a node-local directory where the job may have "
+                   f"kept its directories (its FANFS_LOCAL; again for more; always: {', '.join(DEFAULT_LOCAL)} and "
+                   "$FANFS_LOCAL)")
+
     job = command("job", cmd_job_run, "run a training command on fanfs mounts across a Slurm job")
     job.description = job_help()
     job.formatter_class = argparse.RawDescriptionHelpFormatter

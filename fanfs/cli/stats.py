@@ -147,14 +147,15 @@ def _ahead_lines(ahead: dict) -> list[str]:
 
 
 def _list_mounts(as_json: bool) -> int:
-    """``fanfs stats`` with no mount point: every fanfs mount of this node (from the kernel's mount table), whose it is
-    and of which store, and for those this user may inspect (their own; root: every user's) its daemon and reads."""
+    """``fanfs stats`` with no mount point: every fanfs mount of this node (from the kernel's mount table), whose it is,
+    of which store and Slurm job, and for those this user may inspect (their own; root: every user's) its daemon and
+    reads."""
     from ..serve.control import ControlError, request, user_name
     from ..util.mounts import fanfs_mounts
     rows = []
     for found in fanfs_mounts():
         row: dict = {"mountpoint": found.mountpoint, "store": found.store, "uid": found.owner,
-                     "user": user_name(found.owner) if found.owner is not None else "?"}
+                     "user": user_name(found.owner) if found.owner is not None else "?", "job": found.job}
         if os.getuid() in (found.owner, 0):
             try:
                 row["pid"] = request(found.mountpoint, {"cmd": "status"}, timeout=5, needs=("pid",))["pid"]
@@ -174,5 +175,6 @@ def _list_mounts(as_json: bool) -> int:
                     f"{row['errors']:,} errors")
         else:
             what = row.get("problem", "not yours: only its user or root may inspect it")
-        print(f"{row['mountpoint']}  {row['user']}  {row['store']}: {what}")
+        job = f"  job {row['job']}" if row["job"] else ""
+        print(f"{row['mountpoint']}  {row['user']}{job}  {row['store']}: {what}")
     return 0

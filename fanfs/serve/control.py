@@ -34,12 +34,14 @@ FDS = "_fds"
 """A handler's answer may list descriptors under this key: they are passed with it (``SCM_RIGHTS``), not written."""
 
 
-def _name(mountpoint: str) -> str:
-    return hashlib.sha1(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:16]
+def runtime_name(mountpoint: str, *, real: bool = False) -> str:
+    """The name, less its suffix, of ``mountpoint``'s control socket, lock and log in a runtime directory.  ``real``:
+    the path is real already (the mount table's), and is not looked at (a hung mount would not answer)."""
+    return hashlib.sha1(os.fsencode(mountpoint if real else os.path.realpath(mountpoint))).hexdigest()[:16]
 
 
 def _stem(mountpoint: str) -> str:
-    return os.path.join(runtime_dir(), _name(mountpoint))
+    return os.path.join(runtime_dir(), runtime_name(mountpoint))
 
 
 def socket_path(mountpoint: str) -> str:
@@ -128,7 +130,7 @@ def _bound_elsewhere(mountpoint: str) -> list[str]:
     list of this network namespace's sockets (``/proc/net/unix``): whoever bound them (the caller checks who serves
     one before it speaks).  One bound through ``/proc/self/fd`` (a runtime directory deeper than an address holds) is
     found beside the lock file that the process holding it keeps open (:func:`_beside_its_lock`)."""
-    name = _name(mountpoint)
+    name = runtime_name(mountpoint)
     try:
         with open("/proc/net/unix", errors="replace") as f:
             rows = [row for line in f if len(row := line.rstrip("\n").split(None, 7)) == 8

@@ -35,6 +35,7 @@ from ..records import FULL, Presentation, check_presentation, kinds
 from ..errors import WouldWait
 from ..store import Store
 from ..store.format import DIR, FILE
+from ..util.mounts import mount_source
 from . import lowlevel as ll
 from . import splice
 from .shown import VIEW_SHIFT, Shown
@@ -329,8 +330,7 @@ def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = Fal
     called once they are there (with their handle; None for one loop) and before any request is served,
     to start this process's threads; ``counters()``: a serving process's own counters.
     """
-    fsname = "fanfs:" + os.path.abspath(store.root).replace("\\", "\\\\").replace(",", "\\,")
-    options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=fanfs"]
+    options = ["ro", "default_permissions", f"fsname={mount_source(store.root)}", "subtype=fanfs"]
     if allow_other:
         options.append("allow_other")
     max_read = 0

@@ -2,6 +2,11 @@
 
 A FUSE mount is unmounted by its user with ``fusermount3 -u`` (setuid: no root needed; ``-z`` detaches it
 lazily, while files are still open or its daemon is dead); without fusermount, ``umount`` (``-l``: lazily).
+
+A fanfs mount's source in the table names its store, and the Slurm job it was made in: ``fanfs:STORE``, or
+``fanfs@JOBID:STORE`` in a job.  The kernel keeps it for as long as the mount exists, also once its daemon is dead,
+and only the mount's user can make a mount of theirs say so: what ``fanfs cleanup`` (a node's epilog) knows a job's
+mounts by.
 """
 
 from __future__ import annotations
@@ -14,12 +19,21 @@ from dataclasses import dataclass
 
 
 _ESCAPED = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline, backslash as \ooo
+_SOURCE = re.compile(rb"fanfs(?:@([0-9]+))?:(.*)", re.DOTALL)
+JOB_VARIABLE = "SLURM_JOB_ID"
 
 
 def mounted(path: str | os.PathLike) -> bool:
     """Whether something is mounted at ``path``, read from /proc/self/mountinfo: also a FUSE mount whose
     daemon was killed, which answers ENOTCONN to the lstat that os.path.ismount relies on."""
     return _mount_at(os.fsencode(os.path.realpath(path))) is not None
+
+
+def mounts_within(directory: str) -> list[str]:
+    """The mount points at ``directory`` or under it (as given: not resolved), from /proc/self/mountinfo."""
+    inside = os.fsencode(os.path.abspath(directory))
+    return [os.fsdecode(point) for fields in _mountinfo() if (point := _unescape(fields[4])) == inside
+            or point.startswith(inside + b"/")]
 
 
 def mount_device(mountpoint: str) -> str | None:
@@ -38,24 +52,34 @@ def mount_owner(path: str | os.PathLike) -> int | None:
     return _owner(found) if found is not None else None
 
 
+def mount_source(store_root: str) -> str:
+    """The source a mount of ``store_root`` names in the mount table (libfuse's ``fsname``, its commas escaped):
+    ``fanfs:STORE``, or ``fanfs@JOBID:STORE`` when this process runs in a Slurm job (``$SLURM_JOB_ID``)."""
+    job = os.environ.get(JOB_VARIABLE, "")
+    tag = f"@{job}" if job.isdigit() and job.isascii() else ""
+    return f"fanfs{tag}:" + os.path.abspath(store_root).replace("\\", "\\\\").replace(",", "\\,")
+
+
 @dataclass(frozen=True)
 class FanfsMount:
-    """A fanfs mount of this host: where, of which store (as its daemon was given it), and whose."""
+    """A fanfs mount of this host: where, of which store (as its daemon was given it), whose, and of which Slurm job
+    (None: made outside any)."""
 
     mountpoint: str
     store: str
     owner: int | None
+    job: str | None = None
 
 
 def fanfs_mounts() -> list[FanfsMount]:
-    """Every fanfs mount this process sees (a fanfs mount's source is ``fanfs:`` and the store's absolute path), whoever
-    made it, from /proc/self/mountinfo.  Nothing is resolved or looked at: a stalled network file system cannot hold
-    this up."""
+    """Every fanfs mount this process sees (its source: :func:`mount_source`), whoever made it, from
+    /proc/self/mountinfo.  Nothing is resolved or looked at: a stalled network file system cannot hold this up."""
     found = []
     for fields in _mountinfo():
-        source = _unescape(fields[fields.index(b"-") + 2])
-        if source.startswith(b"fanfs:"):
-            found.append(FanfsMount(os.fsdecode(_unescape(fields[4])), os.fsdecode(source[6:]), _owner(fields)))
+        source = _SOURCE.fullmatch(_unescape(fields[fields.index(b"-") + 2]))
+        if source is not None:
+            job = source[1].decode() if source[1] is not None else None
+            found.append(FanfsMount(os.fsdecode(_unescape(fields[4])), os.fsdecode(source[2]), _owner(fields), job))
     return found
 
 
