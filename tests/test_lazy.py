@@ -324,7 +324,7 @@ def test_a_daemon_killed_mid_fetch_and_a_second_mount(photos, tmp_path, mount, m
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+@pytest.mark.root("to mount a small tmpfs")
 def test_a_full_disk_during_a_lazy_fetch_reads_through_and_says_why(photos, tmp_path, mount):
     from fanfs.serve.control import log_path
     store, names, expected = photos
@@ -352,7 +352,7 @@ def test_a_full_disk_during_a_lazy_fetch_reads_through_and_says_why(photos, tmp_
 
 @pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+@pytest.mark.root("to mount a small tmpfs")
 def test_a_lazy_cache_on_a_full_disk_gives_one_account_of_its_blobs(photos, tmp_path, mount):
     """Issue 41: on a full disk, stats said '2,000 fetched and kept (876.8 MiB)' beside '300.0 MiB on disk now' and
     '1,233 blobs could not be kept': the fetched ones counted those not kept.  Now one account: fetched = kept + not
