@@ -165,6 +165,26 @@ def test_an_order_of_no_store_file_and_a_budget_of_zero_are_one_line(many_shards
         assert done.returncode == 1 and done.stderr.count("\n") == 1 and "budget is 0" in done.stderr
 
 
+def test_a_file_larger_than_the_budget_is_passed_over_and_the_files_after_it_are_read_ahead(tmp_path, mount):
+    """Issue 49: a file larger than the whole budget never fits it: it is read when it is read, and the stream goes on
+    past it (a read-ahead that waited for room for it would wait for ever, its budget empty: an unguarded promise)."""
+    rng = np.random.default_rng(49)
+    src = tmp_path / "src"
+    src.mkdir()
+    names = ["big.bin", *(f"f{i}.bin" for i in range(6))]
+    for name in names:
+        (src / name).write_bytes(rng.bytes(300_000 if name == "big.bin" else 20_000))
+    fanfs("pack", src, tmp_path / "store", "--shard-size", "80K", "--quiet")
+    (tmp_path / "order").write_text("\n".join(names) + "\n")
+    budget = 5 * 20_000 + 1000
+    with mount(tmp_path / "store", "--prefetch", str(budget)) as mnt:
+        _evict(tmp_path / "store")
+        fanfs("ctl", mnt, "--order", tmp_path / "order")
+        ahead = _settled(mnt, past=1)
+        assert ahead["too_large"] == 1 and ahead["files"] >= 4 and 0 < ahead["ahead_bytes"] <= budget, ahead
+        assert all((mnt / name).read_bytes() == (src / name).read_bytes() for name in names)
+
+
 def test_a_shard_aware_order_reads_each_window_s_shards_together():
     shards = np.repeat(np.arange(30), 4)
     rng = np.random.default_rng(1)

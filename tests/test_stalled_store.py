@@ -478,18 +478,44 @@ def test_reads_fail_at_once_while_stalled_but_a_probe_each_timeout_and_none_past
         os.close(stalled)
 
 
-def test_a_read_past_the_timeout_fails_before_its_answer_comes():
-    """The EIO comes from the deadline, not from an answer that came late: a pipe answered ten timeouts after the read
-    was asked (a read that waited several times ``--store-timeout`` would get its byte)."""
+class _AnsweredAt(threading.Event):
+    """A call's "answered" event on a clock of the test's: a wait of ``timeout`` seconds sees the answer only if it comes
+    within them (at ``at`` seconds after the call was asked: its pipe's byte is then written, and waited for); a
+    shorter wait sees none, at once, as after ``timeout`` seconds of nothing."""
+
+    def __init__(self, writer: int, at: float) -> None:
+        super().__init__()
+        self.writer, self.at = writer, at
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None or timeout >= self.at:
+            os.write(self.writer, b"a")
+            return super().wait()
+        return super().wait(0)
+
+
+def test_a_read_past_the_timeout_fails_before_its_answer_comes(monkeypatch):
+    """The EIO comes from the deadline, not from an answer that came late: a pipe answered two timeouts after the read
+    was asked, on the test's clock (a read that waited twice ``--store-timeout``, or more, would get its byte; one that
+    waits its timeout gets Stalled whatever the machine's pace)."""
     reads = Deadline("a pipe", 0.3)
     stalled, writer = os.pipe()
-    answer = threading.Timer(10 * reads.seconds, os.write, (writer, b"a"))
-    answer.start()
+
+    calls = []
+
+    class Clocked(deadline._Call):
+        def __init__(self, function: Callable, args: tuple) -> None:
+            super().__init__(function, args)
+            self.done = _AnsweredAt(writer, 2 * reads.seconds)
+            calls.append(self)
+
+    monkeypatch.setattr(deadline, "_Call", Clocked)
     try:
         with pytest.raises(Stalled, match=r"no answer within 0.3 s \(--store-timeout\)"):
             reads.run("p", os.read, stalled, 1)
     finally:
-        answer.join()  # the read given up on returns with the byte: no thread left waiting
+        os.write(writer, b"a")  # the read given up on returns with the byte: no thread left waiting in it
+        assert threading.Event.wait(calls[0].done, 60)  # (on the real clock)
         os.close(writer)
         os.close(stalled)
 
