@@ -299,7 +299,7 @@ def test_a_daemon_killed_mid_fetch_and_a_second_mount(photos, tmp_path, mount, m
     local, mnt = tmp_path / "local", tmp_path / "mnt"
     mnt.mkdir()
     with monkeypatch.context() as patch:
-        env = inject(patch, "fanfs.cache.localcache:FILL_DELAY=60")  # a fill waits with half its copy written
+        env = inject(patch, "fanfs.cache.localcache:os.pwrite=faults.half_written(os.pwrite, 60)")  # a fill waits with half its copy written
     fanfs("mount", store, mnt, "--local-dir", local, "--stage", "lazy", env=env)
     try:
         from fanfs.serve.control import request

@@ -24,7 +24,6 @@ import logging
 import mmap
 import os
 import struct
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -181,9 +180,6 @@ class DiskCache:
                 self._set_absent(blob)
                 raise
             try:
-                if FILL_DELAY:  # fault injection: a copy half written when the process is killed
-                    os.pwrite(self._data, data[:length // 2], self._slot[blob])
-                    time.sleep(FILL_DELAY)
                 written = os.pwrite(self._data, data, self._slot[blob])
                 if written != length:
                     raise OSError(errno.ENOSPC, f"short write ({written} of {length} bytes)")
@@ -285,8 +281,3 @@ class DiskCache:
             if fd >= 0:
                 os.close(fd)
         self._fd = self._data = self._owner_fd = -1
-
-
-FILL_DELAY = 0.0
-"""Seconds a fill waits with half of its copy written: 0, but for tests that kill a node mid-fill (a copy cut short;
-tests/support/inject)."""
