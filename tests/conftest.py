@@ -68,6 +68,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("reading", ["mount", pytest.param("in-process", marks=pytest.mark.slow)], indirect=True)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``root`` (it builds a disk, mounts a tmpfs, acts as another user...) is skipped for a plain user,
+    saying what it needs root for (tools/mutants.toml says which promises only such tests guard)."""
+    marker = item.get_closest_marker("root")
+    if marker is not None and os.geteuid() != 0:
+        pytest.skip("needs root" + (f" {marker.args[0]}" if marker.args else ""))
+
+
 @pytest.fixture
 def reading(request: pytest.FixtureRequest) -> str:
     """How the test's reads of its mounts are made: "mount", or "in-process" (fanfs run's fast path)."""

@@ -455,7 +455,7 @@ sys.stdin.read()  # hold the flood until told to stop
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user (setpriv)")
+@pytest.mark.root("to act as another user (setpriv)")
 def test_another_local_user_can_neither_read_a_blob_end_a_job_nor_stop_a_node(dataset, tmp_path):
     """Issue 17: as ``nobody``, against every node of a running job whose processes may open 256 files (as in
     the audit): the old protocol's BYE, hellos with guessed proofs for every rank, then thousands of held

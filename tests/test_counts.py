@@ -129,3 +129,40 @@ def test_every_read_is_counted_as_answered_in_the_loop_or_by_a_thread(photos, mo
         stats = _answered(mnt)
     assert stats["reads_deferred"] > 0 and stats["errors"] > 0
     assert stats["reads"] == stats["reads_in_memory"] + stats["reads_deferred"], stats
+
+
+@pytest.fixture(scope="module")
+def extent_store(tmp_path_factory):
+    """A 3 MiB file stored raw: an extent, spliced from its shard's pages once verified."""
+    from fanfs_command import fanfs
+    base = tmp_path_factory.mktemp("extent")
+    (base / "src").mkdir()
+    (base / "src" / "big.raw").write_bytes(os.urandom(3 << 20))
+    fanfs("pack", base / "src", base / "store", "--quiet")
+    return base / "src" / "big.raw", base / "store"
+
+
+def _deferred(mnt: Path, name: str, want: bytes) -> int:
+    """Of the reads of file ``name`` (its bytes ``want``), how many were handed to threads (the rest were answered at
+    once, in the loop)."""
+    before = mount_stats(mnt)
+    assert (mnt / name).read_bytes() == want
+    after = mount_stats(mnt)
+    assert after["reads"] == after["reads_in_memory"] + after["reads_deferred"], after
+    return after["reads_deferred"] - before["reads_deferred"]
+
+
+def test_the_loop_leaves_an_extent_it_would_verify_or_read_from_the_disk_to_a_thread(extent_store, mount):
+    """Issues 40 and 49: the serving loop never waits on a disk, seen in what it counts (no root, no slow disk: a
+    plain user's guard of test_slow_disk's promises).  An extent's first read verifies its chunk, a read of the disk,
+    and a verified extent whose pages were evicted would be spliced from the disk: both are answered by threads."""
+    source, store = extent_store
+    shard = store / SHARD_DIR / shard_name(0)
+    want = source.read_bytes()
+    with mount(store) as mnt:
+        _drop(shard)
+        assert _deferred(mnt, "big.raw", want) >= 1
+        _drop(mnt / "big.raw")  # the kernel asks the daemon again
+        _drop(shard)  # verified, its pages evicted
+        assert _deferred(mnt, "big.raw", want) >= 1
+        assert mount_stats(mnt)["bytes_spliced"] > 0  # spliced, not copied

@@ -33,7 +33,7 @@ def store(tmp_path_factory):
     return base
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+@pytest.mark.root("to mount a small tmpfs")
 def test_full_disk_names_the_file_system_and_the_bytes_needed(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
@@ -52,7 +52,7 @@ def test_full_disk_names_the_file_system_and_the_bytes_needed(tmp_path):
         subprocess.run(["umount", str(small)], check=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+@pytest.mark.root("to mount a small tmpfs")
 def test_a_full_disk_estimates_the_whole_store_within_2x(tmp_path):
     """Issue 35: the estimate was off by 100x either way (it divided what the temporary directory held, shards in part,
     spill and spool files, by what the workers said they had packed).  Now: the source at the ratio of the shards
@@ -77,7 +77,7 @@ def test_a_full_disk_estimates_the_whole_store_within_2x(tmp_path):
     assert real / 2 <= estimate <= real * 2, (estimate, real, done.stderr)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+@pytest.mark.root("to mount a small tmpfs")
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_stage_that_fills_the_disk_says_so_once(store, tmp_path, ranks):
     """A tmpfs with inodes for two shard copies: the third shard's copy fails with ENOSPC (the free-space
@@ -104,7 +104,7 @@ def test_a_stage_that_fills_the_disk_says_so_once(store, tmp_path, ranks):
         subprocess.run(["umount", str(small)], check=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+@pytest.mark.root("to mount a small tmpfs")
 def test_a_disk_too_small_to_stage_on_suggests_a_lazy_cache_with_a_capacity(tmp_path):
     """Issue 41: staging onto too small a disk suggested more nodes, fewer replicas or a bigger disk, not the cache that
     keeps what fits: --stage lazy --capacity SIZE."""
@@ -337,7 +337,8 @@ def nobody_s_place(store):
         shutil.rmtree(base)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to act as another user")
+@pytest.mark.root("to act as another user")
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare")
 def test_a_failed_mount_says_libfuse_s_reason_in_one_line(nobody_s_place):
     """As nobody, with allow_other (which /etc/fuse.conf does not allow users): the reason libfuse or fusermount3 gives
     is the error, not a traceback's last lines."""
@@ -349,7 +350,8 @@ def test_a_failed_mount_says_libfuse_s_reason_in_one_line(nobody_s_place):
     assert not os.path.ismount(base / "mnt")
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to act as another user")
+@pytest.mark.root("to act as another user")
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare")
 def test_fuse_closed_to_the_user_is_one_line_before_anything_is_staged_or_made(nobody_s_place):
     """Issue 50: a node whose /dev/fuse is 0600 refused a plain user's mount only after the job staged its shards (and
     said nothing of FANFS_MOUNT=0), and ``tools/demo`` failed at its mount leaving its /tmp/fanfs-demo-* behind.  Now

@@ -416,7 +416,8 @@ def _as_nobody_sha256(path: Path) -> str:
                           check=True, capture_output=True, text=True).stdout.split()[0]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to be another user")
+@pytest.mark.root("to be another user")
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv to be another user")
 def test_an_unprivileged_daemon_splices_too(extents, fuse_for_users):
     """A plain user's daemon splices too: a re-read after the file's pages were dropped is served (``bytes_spliced``
     grows by the file) while the daemon reads none of its bytes (its ``rchar``).  ``bytes_spliced`` alone counts the
@@ -475,7 +476,7 @@ except OSError as err:
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+@pytest.mark.root("to become another user")
 def test_a_plain_users_pipe_holds_a_reply_of_max_read():
     """libfuse grows a pipe to a spliced reply's size and some pages, and a plain user may not grow one past
     pipe-max-size (root may, with CAP_SYS_RESOURCE, which root here lacks only by accident): as nobody, the request

@@ -199,7 +199,7 @@ except Exception as err:
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+@pytest.mark.root("to act as another user")
 def test_another_user_gets_a_clear_error_not_the_key(dataset, node_job):
     _, _, files = dataset
     done = subprocess.run([sys.executable, "-c", NOBODY_READER, str(node_job.dirs[0]), files[0]],

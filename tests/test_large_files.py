@@ -51,7 +51,7 @@ def read_in_pieces(path: Path, piece: int = 64 << 10, start_at_end: bool = False
         return b"".join(iter(lambda: f.read(piece), b""))
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="raising a mount's readahead needs root")
+needs_root = pytest.mark.root("to raise a mount's readahead")
 
 
 @needs_root
@@ -84,13 +84,11 @@ def test_requests_smaller_than_a_chunk_decode_it_once(big, mount):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("readahead", ["4M", "0"])
+@pytest.mark.parametrize("readahead", [pytest.param("4M", marks=needs_root), "0"])
 def test_one_large_file_is_served_by_every_serving_process_each_chunk_loaded_once(big, mount, readahead):
     """The kernel hands consecutive requests to either process, and a chunk is cut across two (1 MiB requests off
     the chunks' edges) or eight (128 KiB): the process that loads it shares it, the other waits for it.  Without
     that, 2 processes loaded 210 of a file's 144 chunks (1 MiB requests) and all 288 (128 KiB)."""
-    if readahead != "0" and os.geteuid() != 0:
-        pytest.skip("raising a mount's readahead needs root")
     src, store = big
     with mount(store, "--workers", "2", "--readahead", readahead) as mnt:
         assert read_in_pieces(mnt / "volume.bin", start_at_end=True) == (src / "volume.bin").read_bytes()

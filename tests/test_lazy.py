@@ -9,11 +9,13 @@ they were asked for, readers on every node racing) are in ``test_lazy_cluster.py
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing as mp
 import os
 import random
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -28,7 +30,8 @@ from fanfs_command import fanfs, force_unmount, stats_command as stats
 from fanfs.errors import FanfsError
 from fanfs.records import FULL, blob_ranks
 from fanfs.store import Store
-from fanfs.cache.localcache import ABSENT, FILLING, HOLE, KEPT, STATE_NAME, DiskCache, state_file_bytes
+from fanfs.cache.localcache import (ABSENT, DATA_NAME, FILLING, HEADER_SIZE, HOLE, KEPT, STATE_NAME, DiskCache, footprints,
+                                    state_file_bytes)
 
 pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
 
@@ -238,6 +241,57 @@ def test_a_quarter_of_the_share_as_capacity(photos, tmp_path, mount):
     assert ranks[kept].max() <= ranks[~kept & (index.blob_stored > 0)].min()
 
 
+def _waiting_for_a_lock(path: Path) -> bool:
+    """Whether some process waits for a lock on the file ``path`` (a blocked request, ``->`` in /proc/locks)."""
+    inode = os.stat(path).st_ino
+    return any(line.split()[1] == "->" and line.split()[6].rsplit(":", 1)[1] == str(inode)
+               for line in Path("/proc/locks").read_text().splitlines())
+
+
+@pytest.mark.mount_only  # the daemon's own counters
+def test_a_bad_copy_in_the_cache_is_dropped_by_a_thread_not_the_loop(photos, tmp_path, mount):
+    """Issue 49: a kept copy that failed its checksum was dropped by the serving loop itself, which waits for the drop's
+    lock while a reader in another process holds it (and for the disk that frees its blocks): every read of the mount
+    waited meanwhile.  Here the test holds that lock: the bad copy's read is answered from the shared store and another
+    file's read in the loop, while the drop waits; once the lock is free the copy is dropped and fetched again."""
+    store, names, expected = photos
+    local = tmp_path / "local"
+    bad, other = [name for name in names if name.startswith("photos/")][:2]
+    index = Store(str(store), check_shards=False).index
+    blob = int(index.first[index.lookup(bad.encode())])
+    slot = int(np.concatenate([[0], np.cumsum(footprints(index.blob_stored))])[blob])
+    with mount(store, "--local-dir", local, "--stage", "lazy") as mnt:
+        assert read_all(mnt, names) == expected[FULL]  # every blob kept
+        with open(local / DATA_NAME, "r+b") as data:  # a flipped byte in the kept copy of bad's first blob
+            byte = os.pread(data.fileno(), 1, slot)
+            os.pwrite(data.fileno(), bytes([byte[0] ^ 0xFF]), slot)
+        lock = os.open(local / STATE_NAME, os.O_RDONLY)
+        try:  # a reader of that blob in another process, as it reads (an open file description lock, as the cache's)
+            fcntl.fcntl(lock, fcntl.F_OFD_SETLK, struct.pack("hhxxxxqqixxxx", fcntl.F_RDLCK, os.SEEK_SET,
+                                                            HEADER_SIZE + blob, 1, 0))
+            got: dict[str, bytes] = {}
+            reading = threading.Thread(target=lambda: got.update(bad=read(mnt / bad)), daemon=True)
+            reading.start()
+            deadline = time.monotonic() + 60
+            while not _waiting_for_a_lock(local / STATE_NAME):  # the drop waits for the test's lock
+                assert time.monotonic() < deadline, "the bad copy was never dropped"
+                time.sleep(0.02)
+            answered = threading.Thread(target=lambda: got.update(other=read(mnt / other)), daemon=True)
+            answered.start()
+            answered.join(60)
+            assert not answered.is_alive(), "a read waited for the drop of another file's bad copy"
+            reading.join(60)
+            assert got == {"bad": expected[FULL][bad], "other": expected[FULL][other]}
+        finally:
+            os.close(lock)
+        deadline = time.monotonic() + 60
+        while stats(mnt)["cache"]["dropped"] != 1:
+            assert time.monotonic() < deadline, "the bad copy was not dropped once its lock was free"
+            time.sleep(0.05)
+        assert read(mnt / bad) == expected[FULL][bad]  # fetched again, and kept
+        assert states(local)[blob] == KEPT
+
+
 @pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
 def test_a_daemon_killed_mid_fetch_and_a_second_mount(photos, tmp_path, mount, monkeypatch):
@@ -245,7 +299,7 @@ def test_a_daemon_killed_mid_fetch_and_a_second_mount(photos, tmp_path, mount, m
     local, mnt = tmp_path / "local", tmp_path / "mnt"
     mnt.mkdir()
     with monkeypatch.context() as patch:
-        env = inject(patch, "fanfs.cache.localcache:FILL_DELAY=60")  # a fill waits with half its copy written
+        env = inject(patch, "fanfs.cache.localcache:os.pwrite=faults.half_written(os.pwrite, 60)")  # a fill waits with half its copy written
     fanfs("mount", store, mnt, "--local-dir", local, "--stage", "lazy", env=env)
     try:
         from fanfs.serve.control import request
@@ -270,7 +324,7 @@ def test_a_daemon_killed_mid_fetch_and_a_second_mount(photos, tmp_path, mount, m
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+@pytest.mark.root("to mount a small tmpfs")
 def test_a_full_disk_during_a_lazy_fetch_reads_through_and_says_why(photos, tmp_path, mount):
     from fanfs.serve.control import log_path
     store, names, expected = photos
@@ -298,7 +352,7 @@ def test_a_full_disk_during_a_lazy_fetch_reads_through_and_says_why(photos, tmp_
 
 @pytest.mark.mount_only  # the daemon's own counters
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+@pytest.mark.root("to mount a small tmpfs")
 def test_a_lazy_cache_on_a_full_disk_gives_one_account_of_its_blobs(photos, tmp_path, mount):
     """Issue 41: on a full disk, stats said '2,000 fetched and kept (876.8 MiB)' beside '300.0 MiB on disk now' and
     '1,233 blobs could not be kept': the fetched ones counted those not kept.  Now one account: fetched = kept + not

@@ -90,7 +90,7 @@ def test_a_daemon_killed_while_it_fetches_for_a_peer(photos, tmp_path, monkeypat
     rank = next(r for r in range(1, NODES) if len(held_whole(r)) >= 4)  # a peer of the reader's node
     theirs = held_whole(rank)
     with monkeypatch.context() as patch:
-        inject(patch, "fanfs.cache.localcache:FILL_DELAY=60")  # every node: a fill waits with half its copy written
+        inject(patch, "fanfs.cache.localcache:os.pwrite=faults.half_written(os.pwrite, 60)")  # every node: a fill waits with half its copy written
         job = Job(store, tmp_path, 1, "--stage", "lazy")
     with job:
         victim = job.pid(rank)

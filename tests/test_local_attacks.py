@@ -24,8 +24,8 @@ from support.nobody import RUN_AS_NOBODY, as_nobody
 from fanfs.serve import control
 from fanfs.util.processes import wait_ended
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                                reason="needs root and setpriv to act as another user")
+pytestmark = [pytest.mark.root("to act as another user"),
+              pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv to act as another user")]
 
 
 @pytest.fixture

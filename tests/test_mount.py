@@ -239,7 +239,7 @@ def test_umount_and_signals(torture, tmp_path):
         force_unmount(mnt)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="umount(8) of a FUSE mount needs root")
+@pytest.mark.root("for umount(8) of a FUSE mount")
 def test_lazy_umount_without_fusermount_detaches_a_busy_mount(torture, tmp_path, mount):
     """With no fusermount on PATH, ``fanfs umount --lazy`` falls back to ``umount -l`` (lazy, like ``-z``)."""
     src, store = torture

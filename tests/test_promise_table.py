@@ -53,3 +53,22 @@ def test_every_promise_keeps_a_quick_test():
                              "-p", "no:cacheprovider", *named], cwd=REPO, capture_output=True, text=True, check=True)
     quick = {line.partition("[")[0] for line in listed.stdout.splitlines() if "::" in line}
     assert [b.name for b in load() if not quick.intersection(t.partition("[")[0] for t in b.tests)] == []
+
+
+def test_every_row_says_whether_only_tests_that_need_root_guard_it():
+    """Issue 49: a promise guarded only by tests that need root (marked ``root``: a plain user's run skips them, and
+    its tools/mutants judges nothing) says so, ``needs = "root"``; a row that says so has no test a plain user runs.
+    And every test a row names with its parameters is one pytest collects (a module's parameters change the ids)."""
+    breaks = load()
+    named = sorted({test.partition("[")[0] for b in breaks for test in b.tests})
+
+    def collected(*marks: str) -> set[str]:
+        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *marks, "-n", "0", "-p",
+                                 "no:cacheprovider", *named], cwd=REPO, capture_output=True, text=True, check=True)
+        return {line for line in listed.stdout.splitlines() if "::" in line}
+    every, plain = collected(), collected("-m", "not root")
+    assert [t for b in breaks for t in b.tests if "[" in t and t not in every] == []
+    guarded = {b.name: any(t in plain if "[" in t else any(p.partition("[")[0] == t for p in plain) for t in b.tests)
+               for b in breaks}
+    assert [b.name for b in breaks if not guarded[b.name] and b.needs != "root"] == []
+    assert [b.name for b in breaks if guarded[b.name] and b.needs] == []

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fanfs_command import fanfs
-from support.inject import KERNELS, old_kernel
+from support.inject import KERNELS, kernels, old_kernel
 from support.nobody import RUN_AS_NOBODY
 
 from fanfs.cache import order as order_module
@@ -76,7 +76,7 @@ WAYS = {"6.5+": "cachestat", "4.18-6.4": "mincore", "no mincore": "probe"}
 """Which way (fanfs.store.resident) tells root's daemon what is in memory on each of KERNELS."""
 
 
-@pytest.mark.parametrize("kernel", [k if k != "no mincore" else pytest.param(k, marks=pytest.mark.slow) for k in KERNELS])
+@pytest.mark.parametrize("kernel", kernels("no mincore"))
 def test_a_mount_on_a_store_reads_an_order_ahead_within_its_budget(many_shards, tmp_path, mount, monkeypatch, kernel):
     """An order ten times the store (ten epochs), a budget of a few files: it reads ahead up to the budget, never past
     it, and on as the readers read; stats say how far ahead it is.  Issue 49: on every kernel fanfs supports (RHEL 8
@@ -128,7 +128,8 @@ def test_readers_under_fanfs_run_move_the_read_ahead_on(many_shards, tmp_path, m
         assert ahead["given_up"] == 0 and ahead["files"] >= 10, ahead
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to be another user")
+@pytest.mark.root("to be another user")
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv to be another user")
 def test_a_plain_user_s_mount_of_another_user_s_store_reads_ahead_on_an_old_kernel(many_shards, monkeypatch,
                                                                                   fuse_for_users):
     """Issue 49: before cachestat (Linux 6.5), mincore is the cheap way to ask, but since Linux 5.0 (and on RHEL 8's
@@ -181,6 +182,26 @@ def test_an_order_of_no_store_file_and_a_budget_of_zero_are_one_line(many_shards
     with mount(store, "--prefetch", "0") as mnt:
         done = fanfs("ctl", mnt, "--order", tmp_path / "order", check=False)
         assert done.returncode == 1 and done.stderr.count("\n") == 1 and "budget is 0" in done.stderr
+
+
+def test_a_file_larger_than_the_budget_is_passed_over_and_the_files_after_it_are_read_ahead(tmp_path, mount):
+    """Issue 49: a file larger than the whole budget never fits it: it is read when it is read, and the stream goes on
+    past it (a read-ahead that waited for room for it would wait for ever, its budget empty: an unguarded promise)."""
+    rng = np.random.default_rng(49)
+    src = tmp_path / "src"
+    src.mkdir()
+    names = ["big.bin", *(f"f{i}.bin" for i in range(6))]
+    for name in names:
+        (src / name).write_bytes(rng.bytes(300_000 if name == "big.bin" else 20_000))
+    fanfs("pack", src, tmp_path / "store", "--shard-size", "80K", "--quiet")
+    (tmp_path / "order").write_text("\n".join(names) + "\n")
+    budget = 5 * 20_000 + 1000
+    with mount(tmp_path / "store", "--prefetch", str(budget)) as mnt:
+        _evict(tmp_path / "store")
+        fanfs("ctl", mnt, "--order", tmp_path / "order")
+        ahead = _settled(mnt, past=1)
+        assert ahead["too_large"] == 1 and ahead["files"] >= 4 and 0 < ahead["ahead_bytes"] <= budget, ahead
+        assert all((mnt / name).read_bytes() == (src / name).read_bytes() for name in names)
 
 
 def test_a_shard_aware_order_reads_each_window_s_shards_together():
@@ -274,7 +295,7 @@ def wide_store(tmp_path_factory):
     return base / "store", names
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="resets the daemon's peak memory (/proc/PID/clear_refs): needs root")
+@pytest.mark.root("to reset the daemon's peak memory (/proc/PID/clear_refs)")
 def test_an_order_of_a_million_paths_costs_a_few_mb_and_the_mount_answers_while_it_is_read(wide_store, tmp_path,
                                                                                            mount):
     """Issue 49: an order cost the daemon ~85 bytes a line and was parsed on the control socket's thread (20 M lines:
@@ -314,7 +335,8 @@ def test_an_order_of_a_million_paths_costs_a_few_mb_and_the_mount_answers_while_
         assert _memory(pid, "VmHWM") - before < 32 << 20, (before, _memory(pid, "VmHWM"))
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("strace"), reason="needs root and strace to watch a daemon")
+@pytest.mark.root("to watch a daemon")
+@pytest.mark.skipif(not shutil.which("strace"), reason="needs strace to watch a daemon")
 def test_the_read_ahead_ends_before_the_store_closes(many_shards, tmp_path, mount):
     """Issue 49: a plain mount's read-ahead was never stopped: its thread outlived ``store.close()`` and went on asking
     the kernel about the shards' descriptors, closed or already reused by files the ending daemon opened.  Waiting for

@@ -239,7 +239,8 @@ def test_only_whole_references_to_fanfs_mnt_are_replaced():
     assert expand_mountpoint("$FANFS_MNT", r"/a\1b") == r"/a\1b"
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+@pytest.mark.root("to act as another user")
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv")
 def test_another_user_can_neither_refuse_a_job_nor_plant_its_directory(slurm, slurm_plain, tmp_path):
     """nobody makes the directories a job would have used (the former fanfs-JOBID-NODE) in a shared
     FANFS_LOCAL, and look-alikes of the new ones holding a mnt/: the job runs, and its tasks find their own."""

@@ -178,7 +178,7 @@ def test_stop_removes_only_what_start_made_and_keeps_the_rest_marked(short_dir, 
     assert local.leaves(short_dir) == ([] if kind == "made" else ["d"])     # the directory lent, empty
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+@pytest.mark.root("to mount a tmpfs")
 def test_stop_keeps_a_mount_a_job_left_in_a_node_s_tmpdir_and_does_not_enter_it(short_dir, capsys):
     """A job that died mounted leaves its mount point in its node's $TMPDIR: stop names it, goes no further, and
     removes nothing through it."""

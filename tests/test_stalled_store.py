@@ -15,6 +15,8 @@ itself is tested on a pipe nobody writes to.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
 import random
 import shutil
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,7 @@ from support.processes import kernel_state, stop
 from fanfs.serve.control import log_path
 from fanfs.store import Store
 from fanfs.store.format import shard_name
+from fanfs.store.trust import sealed_memory
 from fanfs.util import deadline
 from fanfs.util.deadline import Deadline, Stalled
 from fanfs.util import mounts
@@ -172,6 +175,29 @@ def eio_lines(mnt: Path) -> list[str]:
     return [line for line in Path(log_path(mnt)).read_text().splitlines() if " EIO " in line]
 
 
+@contextlib.contextmanager
+def held_in_memory(path: Path) -> Iterator[None]:
+    """The file's pages kept in the page cache while the block runs: mapped and locked by the test, so that no memory
+    pressure (a loaded machine) evicts them meanwhile, and what the kernel caches is a state, not a chance."""
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    try:
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        assert _libc.mlock(ctypes.c_void_p(address), size) == 0, os.strerror(ctypes.get_errno())
+        yield
+    finally:
+        if address not in (None, ctypes.c_void_p(-1).value):
+            _libc.munmap(ctypes.c_void_p(address), size)  # (unlocked with it)
+        os.close(fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.mlock.argtypes = _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mount", ["plain", "lazy", "2 serving processes"])
 def test_a_frozen_store_answers_eio_in_time_unmounts_and_recovers(frozen, tmp_path, mount):
@@ -180,10 +206,11 @@ def test_a_frozen_store_answers_eio_in_time_unmounts_and_recovers(frozen, tmp_pa
     with mounted(frozen.path, tmp_path / "mnt", "--store-timeout", TIMEOUT, *options) as mnt:
         try:
             assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]
-            frozen.freeze()
-            assert frozen.read(mnt / "f4.bin") == "EIO"  # waited on for --store-timeout
-            assert frozen.read(mnt / "f5.bin") == "EIO"  # at once: known to be stalled
-            assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]  # what is cached or kept is served still
+            with held_in_memory(mnt / "f0.bin"):  # cached: in the kernel's pages (plain), kept (lazy)
+                frozen.freeze()
+                assert frozen.read(mnt / "f4.bin") == "EIO"  # waited on for --store-timeout
+                assert frozen.read(mnt / "f5.bin") == "EIO"  # at once: known to be stalled
+                assert frozen.read(mnt / "f0.bin") == frozen.data["f0.bin"]  # what is cached or kept is served still
             lines = [line for line in eio_lines(mnt) if "f4.bin" in line]  # one per serving process that was asked
             assert 1 <= len(lines) <= (2 if mount == "2 serving processes" else 1), lines
             assert f"{frozen.path}/shards/" in lines[0] and "no answer within 1 s" in lines[0], lines
@@ -479,18 +506,61 @@ def test_reads_fail_at_once_while_stalled_but_a_probe_each_timeout_and_none_past
         os.close(stalled)
 
 
-def test_a_read_past_the_timeout_fails_before_its_answer_comes():
-    """The EIO comes from the deadline, not from an answer that came late: a pipe answered ten timeouts after the read
-    was asked (a read that waited several times ``--store-timeout`` would get its byte)."""
+def test_a_deadline_holds_no_argument_of_a_call_answered(tmp_path):
+    """A call answered leaves nothing of its caller's with the deadline's thread: an index on a network file system is
+    read into memory it then seals, through the deadline, and the thread's last call kept a part of that memory
+    exported (a memoryview), so the mapping could not be closed and every mount of a store on sshfs failed with a
+    traceback (BufferError).  Here: a mapping read into through a deadline, then closed."""
+    path = tmp_path / "index"
+    path.write_bytes(os.urandom(10_000))
+    reads = Deadline("a file", 30)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        memory = sealed_memory(10_000, lambda view: reads.run("index", os.preadv, fd, [view[:10_000]], 0))
+    finally:
+        os.close(fd)
+        reads.retire()
+    assert bytes(memory) == path.read_bytes()
+
+
+class _AnsweredAt(threading.Event):
+    """A call's "answered" event on a clock of the test's: a wait of ``timeout`` seconds sees the answer only if it comes
+    within them (at ``at`` seconds after the call was asked: its pipe's byte is then written, and waited for); a
+    shorter wait sees none, at once, as after ``timeout`` seconds of nothing."""
+
+    def __init__(self, writer: int, at: float) -> None:
+        super().__init__()
+        self.writer, self.at = writer, at
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None or timeout >= self.at:
+            os.write(self.writer, b"a")
+            return super().wait()
+        return super().wait(0)
+
+
+def test_a_read_past_the_timeout_fails_before_its_answer_comes(monkeypatch):
+    """The EIO comes from the deadline, not from an answer that came late: a pipe answered two timeouts after the read
+    was asked, on the test's clock (a read that waited twice ``--store-timeout``, or more, would get its byte; one that
+    waits its timeout gets Stalled whatever the machine's pace)."""
     reads = Deadline("a pipe", 0.3)
     stalled, writer = os.pipe()
-    answer = threading.Timer(10 * reads.seconds, os.write, (writer, b"a"))
-    answer.start()
+
+    calls = []
+
+    class Clocked(deadline._Call):
+        def __init__(self, function: Callable, args: tuple) -> None:
+            super().__init__(function, args)
+            self.done = _AnsweredAt(writer, 2 * reads.seconds)
+            calls.append(self)
+
+    monkeypatch.setattr(deadline, "_Call", Clocked)
     try:
         with pytest.raises(Stalled, match=r"no answer within 0.3 s \(--store-timeout\)"):
             reads.run("p", os.read, stalled, 1)
     finally:
-        answer.join()  # the read given up on returns with the byte: no thread left waiting
+        os.write(writer, b"a")  # the read given up on returns with the byte: no thread left waiting in it
+        assert threading.Event.wait(calls[0].done, 60)  # (on the real clock)
         os.close(writer)
         os.close(stalled)
 

@@ -2,7 +2,7 @@
 
 Eight reader processes list, open, fstat, read and decode JPEG records as fast as they can while the mount's
 fidelity cycles through 1, 3, full, 5, 2, full, and every invalidation of a cached name is slowed down
-on purpose (``INVALIDATE_DELAY``, injected: tests/support/inject), so a switch's window is long.  Switches are counted in reads, not
+on purpose (each is followed by a pause, injected: tests/support/inject), so a switch's window is long.  Switches are counted in reads, not
 timed (the next one when 50 more reads have ended), so a busy machine changes how long a race takes, not what it
 does.  Every read must be
 exactly as long as its fstat says, and be byte for byte one of the file's presentations (first K
@@ -41,6 +41,8 @@ READS_BETWEEN = 50
 """Reads that end between two switches: every switch lands among reads, however fast either goes."""
 WAIT = 120.0
 """Seconds a race waits for reads (or for its readers to end) before it calls them hung."""
+SLOW_INVALIDATIONS = "fanfs.serve.lowlevel:Session.invalidate_entry=faults.pausing(Session.invalidate_entry, 0.003)"
+"""A slow kernel's invalidations: 3 ms after each (the daemon inherits it)."""
 
 _reads = None  # per reader, the reads it has done (shared memory the forked readers inherit)
 _stop = None  # set once the race's switches are done
@@ -150,7 +152,7 @@ def test_no_torn_read_while_fidelity_switches(photo_store, mount, monkeypatch, w
         layers = int(s.index.layers[entry])
         valid[name] = _digests(s, entry, range(1, layers + 1))
     s.close()
-    inject(monkeypatch, "fanfs.serve.fusefs:INVALIDATE_DELAY=0.003")  # the daemon inherits it
+    inject(monkeypatch, SLOW_INVALIDATIONS)
     with mount(store, "--fidelity", "2", "--workers", str(workers)) as mnt:
         reads, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"),
                                 [{"fidelity": k} for k in (1, 3, FULL, 5, 2, FULL)], 8)
@@ -184,7 +186,7 @@ def test_no_torn_read_while_precision_and_fidelity_switch(tmp_path, mount, monke
         if s.index.record[entry] == FloatRecords.kind_id and name.endswith(".npy"):
             loadable.add(name)
     s.close()
-    inject(monkeypatch, "fanfs.serve.fusefs:INVALIDATE_DELAY=0.003")
+    inject(monkeypatch, SLOW_INVALIDATIONS)
     settings = [{"precision": 8}, {"fidelity": 1}, {"precision": FULL}, {"fidelity": 3}, {"precision": 16},
                 {"fidelity": FULL}, {"precision": 24}, {"fidelity": 2}]
     with mount(store, "--precision", "16", "--fidelity", "2", "--workers", "2") as mnt:
@@ -209,7 +211,7 @@ def test_no_torn_read_while_fidelity_switches_among_tiers_and_scans(tmp_path, mo
         assert views == [half, quarter]  # every photo has its tiers
         valid[name] = _digests(s, entry, [*range(1, int(s.index.layers[entry]) + 1), *views])
     s.close()
-    inject(monkeypatch, "fanfs.serve.fusefs:INVALIDATE_DELAY=0.003")
+    inject(monkeypatch, SLOW_INVALIDATIONS)
     cycle = [{"fidelity": value} for value in (quarter, 3, FULL, half, 1, quarter, half, FULL)]
     with mount(store, "--fidelity", "1/2", "--workers", "2") as mnt:
         reads, problems = _race(mnt, names, valid, dict.fromkeys(names, "image"), cycle, 8)

@@ -21,7 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from fanfs_command import daemon_pids, fanfs, force_unmount
+from fanfs_command import daemon_pids, fanfs, force_unmount, mount_stats
+from support.inject import inject
+from support.processes import stop
 
 from fanfs.serve.control import log_path, request
 from fanfs.serve.daemon import umount
@@ -86,6 +88,38 @@ def test_two_serving_processes_share_the_reads_exactly(tree, mount):
         assert stats["bytes_presented"] == sum((src / f).stat().st_size for f in files)
         assert "by 2 serving processes" in fanfs("stats", mnt).stdout
     assert not any(alive(pid) for pid in (parent, *workers))
+
+
+def test_a_serving_process_that_answers_late_counts_as_it_last_answered_and_stats_catch_up(tree, mount, monkeypatch):
+    """Issue 49 (sixth audit, 11): a serving process that gave its counters later than the parent waits for them (here:
+    stopped) was left out, so totals went down meanwhile, and its late answer was then taken for the next question's:
+    ``fanfs stats`` stayed one answer behind for good.  Now it counts as it last answered, and its late answer is
+    passed over.  Reads are made while one process is stopped, so that the other serves them all."""
+    src, store, files = tree
+    inject(monkeypatch, "fanfs.serve.workers:ASK_SECONDS=0.5")  # the wait for an answer (5 s): short, for the test
+
+    def read_by_one(names: list[str], stopped: int) -> None:
+        stop(stopped)  # every thread of it stopped: none may take a request
+        try:
+            assert [(mnt / name).read_bytes() for name in names] == [(src / name).read_bytes() for name in names]
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+
+    with mount(store, "--workers", "2") as mnt:
+        _, (first, second) = serving_pids(mnt)
+        read_by_one(files[:20], first)
+        start = mount_stats(mnt)
+        assert start["reads"] >= 20 and start["processes_silent"] == 0, start
+        stop(second)  # it served the 20 reads, and answers nothing now
+        try:
+            stopped, said = mount_stats(mnt), fanfs("stats", mnt).stdout
+        finally:
+            os.kill(second, signal.SIGCONT)  # its answers come late
+        assert stopped["reads"] == start["reads"] and stopped["processes_silent"] == 1, stopped  # not fewer
+        assert "(1 did not answer in time: theirs as they last gave them)" in said, said
+        read_by_one(files[20:30], first)
+        now = mount_stats(mnt)
+        assert now["reads"] == start["reads"] + 10 and now["processes_silent"] == 0, now  # not one answer behind
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])

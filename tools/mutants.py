@@ -30,7 +30,8 @@ TABLE = Path(__file__).resolve().parent / "mutants.toml"
 
 @dataclass(frozen=True)
 class Break:
-    """One row of the table: ``find`` in ``file`` becomes ``replace``; then one of ``tests`` must fail."""
+    """One row of the table: ``find`` in ``file`` becomes ``replace``; then one of ``tests`` must fail.  ``needs``:
+    "root" where every one of them needs root (marked so: a plain user's run skips them, and judges nothing)."""
 
     name: str
     promise: str
@@ -38,6 +39,7 @@ class Break:
     find: str
     replace: str
     tests: tuple[str, ...]
+    needs: str = ""
 
 
 def load(path: Path = TABLE) -> list[Break]:
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [b for b in breaks if not args.names or b.name in args.names]
     if args.list:
         for b in chosen:
-            print(f"{b.name}: {b.file}\n    {b.promise}\n    " + "\n    ".join(b.tests))
+            print(f"{b.name}: {b.file}" + (f" (its tests need {b.needs})" if b.needs else "") + f"\n    {b.promise}\n    "
+                  + "\n    ".join(b.tests))
     for line in problems:
         print(f"stale: {line}", file=sys.stderr)
     if problems or args.list:
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         for b in chosen:
             began = time.monotonic()
             outcome, said = try_break(copy, b, args.workers)
-            print(f"{outcome:8} {b.name} ({time.monotonic() - began:.0f} s)", flush=True)
+            print(f"{outcome:8} {b.name} ({time.monotonic() - began:.0f} s"
+                  + (f"; its tests need {b.needs})" if outcome == "SKIPPED" and b.needs else ")"), flush=True)
             if outcome != "caught":
                 survived.append(b.name)
             if outcome != "caught" or args.verbose:

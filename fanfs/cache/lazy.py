@@ -26,7 +26,8 @@ from ..records import Presentation
 from ..store import Store
 from ..store.format import SHARD_DIR
 from ..store.index import Index
-from .localcache import AHEAD, KEPT, SPENT, CachedShards, DiskCache
+from .cachedshards import CachedShards
+from .localcache import AHEAD, KEPT, SPENT, DiskCache
 from ..store.sources import HeldShards, ShardSource
 from ..util.checksum import checksum
 from ..util.units import human_size

@@ -24,17 +24,16 @@ import logging
 import mmap
 import os
 import struct
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from ..errors import FanfsError, NotHeld, WouldWait
+from ..errors import FanfsError, WouldWait
 from ..util.checksum import checksum
 from ..store.resident import NoWaitReads
-from ..store.sources import ShardSource, reopen
+from ..store.sources import reopen
 from .keyedlocks import KeyedLocks
 
 log = logging.getLogger("fanfs")
@@ -181,9 +180,6 @@ class DiskCache:
                 self._set_absent(blob)
                 raise
             try:
-                if FILL_DELAY:  # fault injection: a copy half written when the process is killed
-                    os.pwrite(self._data, data[:length // 2], self._slot[blob])
-                    time.sleep(FILL_DELAY)
                 written = os.pwrite(self._data, data, self._slot[blob])
                 if written != length:
                     raise OSError(errno.ENOSPC, f"short write ({written} of {length} bytes)")
@@ -285,98 +281,3 @@ class DiskCache:
             if fd >= 0:
                 os.close(fd)
         self._fd = self._data = self._owner_fd = -1
-
-
-class CachedShards(ShardSource):
-    """A node's blobs from its :class:`DiskCache`: any blob that is there (kept, or fetched ahead of a read), and the
-    blobs it keeps (``keep``, a bool per blob) fetched from ``shared`` at their first read.  Others are NotHeld: a
-    peer or the shared store serves them."""
-
-    written_while_serving = True  # filled as it is read: its change time moves by design (fanfs.store.extents)
-
-    def __init__(self, cache: DiskCache, keep: np.ndarray, shared: ShardSource, name: str) -> None:
-        self.cache = cache
-        self.held = keep  # what a peer may ask this node for (its peer server checks it)
-        self._keep = memoryview(keep)
-        self.shared = shared
-        self.name = name
-        self.hits = self.hit_bytes = self.fills = self.fill_bytes = self.unkept = self.unkept_bytes = self.dropped = 0
-        self._warned = -REPORT_EVERY
-
-    def read(self, blob: int, shard: int, offset: int, length: int) -> bytes:
-        data = self._here(blob, length, True)
-        if data is not None:
-            return data
-        data, fetched, why = self.cache.fill(blob, lambda: self.shared.read(blob, shard, offset, length))
-        if fetched:
-            self.fills += 1
-            self.fill_bytes += len(data)
-        else:
-            self.hits += 1
-            self.hit_bytes += len(data)
-        if why:
-            self.unkept, self.unkept_bytes = self.unkept + 1, self.unkept_bytes + len(data)
-            now = time.monotonic()
-            if now - self._warned >= REPORT_EVERY:
-                self._warned = now
-                log.warning("cannot keep blob %d in %s: %s; it is read through from %s (%d so far)", blob,
-                            self.cache.directory, why, self.shared.name, self.unkept)
-        return data
-
-    def read_resident(self, blob: int, shard: int, offset: int, length: int) -> bytes:
-        """A blob here whose bytes are in memory; WouldWait for any other (a fill from the shared store waits)."""
-        data = self._here(blob, length, False)
-        if data is None:
-            raise WouldWait
-        return data
-
-    def _here(self, blob: int, length: int, wait: bool) -> bytes | None:
-        """The copy here (counted as a hit), or None if the node keeps the blob but has no copy yet; NotHeld if it
-        does not keep it."""
-        data = self.cache.read(blob, length, wait)
-        if data is not None:
-            self.hits += 1
-            self.hit_bytes += len(data)
-            return data
-        if not self._keep[blob]:
-            raise NotHeld("not kept by this node")
-        return None
-
-    def place(self, blob: int, shard: int, offset: int) -> int | None:
-        """A kept blob that is here (never dropped while the mount serves); None for others (read them)."""
-        if (state := self.cache.state(blob)) < AHEAD and not self._keep[blob]:
-            raise NotHeld("not kept by this node")
-        return int(self.cache.slot[blob]) if state == KEPT else None
-
-    def holds_in_place(self, blob: int) -> bool:
-        return self.cache.state(blob) == KEPT  # written before it was marked kept: what was read is what is there
-
-    def served_in_place(self, blob: int, length: int, from_start: bool) -> None:
-        self.hits, self.hit_bytes = self.hits + from_start, self.hit_bytes + length
-
-    def reopen(self, shard: int, offset: int) -> int | None:
-        return self.cache.reopen()
-
-    def rejected(self, blob: int) -> None:
-        """The copy this gave failed the Store's check: drop it, so that the next read fetches it again."""
-        kept = self.cache.state(blob) == KEPT
-        if self.cache.drop(blob, wait=True) and kept:
-            self.dropped += 1
-
-    def counters(self) -> dict[str, dict[str, int]]:
-        """This process's figures, which add up over a node's processes (``fanfs stats``)."""
-        return {"cache": {"hit_blobs": self.hits, "hit_bytes": self.hit_bytes, "fills": self.fills,
-                          "fill_bytes": self.fill_bytes, "unkept": self.unkept, "unkept_bytes": self.unkept_bytes,
-                          "dropped": self.dropped,
-                          **getattr(self.shared, "fill_counts", {})}}  # where the fills came from, if it says
-
-    def after_fork(self) -> None:
-        self.cache.after_fork()
-
-    def close(self) -> None:
-        self.cache.close()
-
-
-FILL_DELAY = 0.0
-"""Seconds a fill waits with half of its copy written: 0, but for tests that kill a node mid-fill (a copy cut short;
-tests/support/inject)."""

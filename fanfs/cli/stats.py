@@ -43,7 +43,9 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
         lines.append(f"mount      {mountpoint} -> {stats['store']}  ({shown})")
     lines.append(f"reads      {stats['reads']:,}{rate}   errors {stats['errors']:,}"
                  + (f"   by {stats['workers']} serving processes: {' / '.join(f'{n:,}' for n in stats['reads_by_process'])}"
-                    if stats["workers"] > 1 else ""))
+                    if stats["workers"] > 1 else "")
+                 + (f" ({silent} did not answer in time: theirs as they last gave them)"
+                    if (silent := stats.get("processes_silent")) else ""))
     lines.append(f"presented  {human_size(stats['bytes_presented'])}{throughput}   read from storage "
                  f"{human_size(stats['bytes_stored_read'])}"
                  + (f"   in {human_size(stats['bytes_presented'] // stats['reads'])} per read" if stats["reads"] else ""))

@@ -178,9 +178,11 @@ class Expander:
                                  archived=True), budget)
             elif self.expand and (inner := expanded_name(name)) is not None:
                 if exact:
-                    budget.framing(entry.header + -entry.size % tar.BLOCK)
+                    budget.framing(entry.header)
                 yield from self._nested(_Pieces(reader.data(entry)), at, join(prefix, inner), entry.mtime, origin,
                                         budget, depth, exact)
+                if exact:
+                    budget.framing(-entry.size % tar.BLOCK)  # its padding, read with the next header
             else:
                 member = Member(path, FILE, stat.S_IFREG | entry.mode, entry.mtime, entry.apparent_size, where=at,
                                 origin=origin, archived=True)

@@ -163,10 +163,11 @@ class ByteStream:
                 if not self._buf:
                     raise Truncated(f"{n:,} bytes missing")
             step = min(n, len(self._buf) - self._pos)
-            yield memoryview(self._buf)[self._pos:self._pos + step]
+            piece = memoryview(self._buf)[self._pos:self._pos + step]
             self._pos += step
-            self.offset += step
+            self.offset += step  # taken once handed on (a nested archive's bytes read, as it decompresses them)
             n -= step
+            yield piece
 
     def skip(self, n: int) -> None:
         for _ in self.pieces(n):

@@ -86,7 +86,8 @@ class MountAnswers:
         summed = merge_counters(parts)
         window = current(self.mountpoint) or fs.readahead()  # now: an administrator may have raised it since
         return {"store": store.root, **fs.presentation, "workers": self.options.workers, "readahead": window,
-                "reads_by_process": [part["reads"] for part in parts], **summed,
+                "reads_by_process": [part.get("reads", 0) for part in parts], **summed,
+                "processes_silent": self._processes.silent if self._processes is not None else 0,
                 "notes": presentation_notes(store.index, fs.presentation), "side_names": side_names(store.index),
                 "layered": self._layered, "seconds": round(time.monotonic() - self._started, 3),
                 "in_process": dict(self._in_process),

@@ -303,7 +303,6 @@ class FanfsFS:
         named[stale] = 0  # before the invalidation: a lookup racing with it records itself again
         session = self.session
         done = 0
-        delay = INVALIDATE_DELAY
         for entry in stale.tolist():
             if session is None:
                 break
@@ -311,14 +310,7 @@ class FanfsFS:
             parent = int(self._ix.parent[entry]) + 1
             if session.invalidate_entry(parent, path.rpartition(b"/")[2]) in (0, -errno.ENOENT):
                 done += 1
-            if delay:
-                time.sleep(delay)
         return done
-
-
-INVALIDATE_DELAY = 0.0
-"""Seconds to pause between two invalidations of a switch: 0, but for tests that make a switch's window long (a slow
-kernel; tests/support/inject)."""
 
 
 def serve(store: Store, mountpoint: str, fs: FanfsFS, *, allow_other: bool = False, debug: bool = False,

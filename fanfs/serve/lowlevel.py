@@ -71,7 +71,6 @@ def _load() -> ctypes.CDLL:
         "fuse_session_loop": (ctypes.c_int, [_vp]),
         "fuse_session_unmount": (None, [_vp]),
         "fuse_session_destroy": (None, [_vp]),
-        "fuse_session_exit": (None, [_vp]),
         "fuse_session_fd": (ctypes.c_int, [_vp]),
         "fuse_set_signal_handlers": (ctypes.c_int, [_vp]),
         "fuse_remove_signal_handlers": (None, [_vp]),
@@ -314,9 +313,6 @@ class Session:
             if not self._mounted:
                 return -errno.ENOTCONN
             return lib.fuse_lowlevel_notify_inval_entry(self._se, parent, name, len(name))
-
-    def exit(self) -> None:
-        lib.fuse_session_exit(self._se)
 
     def close(self) -> None:
         if self._se:

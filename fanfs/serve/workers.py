@@ -10,8 +10,10 @@ and each run libfuse's loop.  What they need is shared for free or set up before
   no file offset); decoded-blob caches are per process;
 * per name the view the kernel was told, and the presentation (:class:`.fusefs.Shown`, in shared
   memory): a switch is made once, by the parent, and its invalidations go out once, from it;
-* counters: each process keeps its own, and answers the parent's "counters?" on a socket of its own;
-  ``fanfs stats`` gets their sum (:func:`merge_counters`).
+* counters: each process keeps its own, and answers the parent's numbered "counters?" on a socket of its own, with
+  that number; ``fanfs stats`` gets their sum (:func:`merge_counters`).  A process that does not answer within
+  ``ASK_SECONDS`` (stopped, busy) counts with the last counters it gave, so totals never go down, and its late
+  answer, when it comes, is told from the next one by its number and passed over.
 
 The parent serves no request: it owns the session (only it unmounts), runs the control socket and a
 cluster node's peer server, turns a stop signal into an unmount, and watches its children:
@@ -31,6 +33,7 @@ cluster node's peer server, turns a stop signal into an unmount, and watches its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -52,7 +55,8 @@ log = logging.getLogger("fanfs")
 
 Counters = dict[str, Any]
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_LENGTH = struct.Struct("<I")
+_ASK = struct.Struct("<Q")  # the parent's question: its number
+_ANSWER = struct.Struct("<QI")  # an answer's head: the number of the question it answers, and its length
 ASK_SECONDS = 5.0  # a serving process that does not give its counters within this long is left out of a sum
 END_GRACE_SECONDS = 5.0  # serving processes still there this long after the mount ended are killed
 
@@ -75,6 +79,10 @@ class ServingProcesses:
         self._pids: list[int] = []
         self._sockets: list[socket.socket] = []
         self._ask_lock = threading.Lock()
+        self._asked = 0  # the number of the last question
+        self._heard: list[bytearray] = []  # per process, what it sent and was not read yet (an answer in part)
+        self._last: list[Counters] = []  # per process, the last counters it gave
+        self.silent = 0  # processes that did not answer the last question in time
         self._exits: queue.SimpleQueue = queue.SimpleQueue()
         self._stopped_by = 0
         self._killed: set[int] = set()  # serving processes killed by the parent: their end is no death to report
@@ -115,6 +123,8 @@ class ServingProcesses:
             theirs.close()
             self._pids.append(pid)
             self._sockets.append(ours)
+            self._heard.append(bytearray())
+            self._last.append({})
         for pid in self._pids:
             threading.Thread(target=self._wait, args=(pid,), name="fanfs-reap", daemon=True).start()
 
@@ -133,12 +143,13 @@ class ServingProcesses:
             os._exit(code)
 
     def _answer(self, sock: socket.socket) -> None:
-        """In a serving process: give the parent this process's counters whenever it asks."""
+        """In a serving process: give the parent this process's counters whenever it asks, with its question's number."""
         try:
-            while sock.recv(1):
+            while True:
+                (number,) = _ASK.unpack(recv_exactly(sock, _ASK.size))
                 data = json.dumps(self._counters()).encode()
-                sock.sendall(_LENGTH.pack(len(data)) + data)
-        except OSError:
+                sock.sendall(_ANSWER.pack(number, len(data)) + data)
+        except OSError:  # the parent closed its end: the mount is over
             pass
 
     def _wait(self, pid: int) -> None:
@@ -203,18 +214,51 @@ class ServingProcesses:
             pass
 
     def counters(self) -> list[Counters]:
-        """Every serving process's counters (asked one after another; one that does not answer is left out)."""
-        out = []
+        """Every serving process's counters, asked of all at once and waited for ``ASK_SECONDS`` in all: one that has
+        not answered by then counts with the last it gave (:attr:`silent` says how many)."""
         with self._ask_lock:
+            self._asked += 1
+            question = _ASK.pack(self._asked)
             for sock in self._sockets:
-                try:
-                    sock.settimeout(ASK_SECONDS)
-                    sock.sendall(b"?")
-                    (length,) = _LENGTH.unpack(recv_exactly(sock, _LENGTH.size))
-                    out.append(json.loads(recv_exactly(sock, length)))
-                except (OSError, ValueError):
-                    continue
-        return out
+                with contextlib.suppress(OSError):  # a process gone: its last counters stay
+                    sock.sendall(question)
+            deadline = time.monotonic() + ASK_SECONDS
+            self.silent = 0
+            for i, sock in enumerate(self._sockets):
+                answer = self._answer_to(i, sock, deadline)
+                if answer is None:
+                    self.silent += 1
+                else:
+                    self._last[i] = answer
+            return list(self._last)
+
+    def _answer_to(self, i: int, sock: socket.socket, deadline: float) -> Counters | None:
+        """Process ``i``'s answer to the last question, read by ``deadline``; None if it has not come by then (what came
+        of it is kept for the next question; answers to earlier ones are passed over)."""
+        heard = self._heard[i]
+        while True:
+            while len(heard) >= _ANSWER.size:
+                number, length = _ANSWER.unpack_from(heard)
+                if len(heard) < _ANSWER.size + length:
+                    break
+                body = bytes(heard[_ANSWER.size:_ANSWER.size + length])
+                del heard[:_ANSWER.size + length]
+                if number == self._asked:
+                    try:
+                        return json.loads(body)
+                    except ValueError:
+                        return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                sock.settimeout(left)
+                more = sock.recv(1 << 16)
+            except OSError:  # its time is up, or it is gone
+                return None
+            if not more:
+                return None
+            heard += more
 
 
 def merge_counters(parts: list[Counters]) -> Counters:

@@ -137,7 +137,9 @@ class LocalShards(ShardSource):
     """Shard files in a directory (``STORE/shards`` or a node-local staging directory).
 
     A shard file is opened once (as a regular file: never a FIFO or device planted in its place),
-    its header checked against the store, and kept open.  ``scattered``: reads will be single blobs here and
+    its header checked against the store, and kept open; never by a read that must not wait (the open, and the
+    header's read, may wait on the disk): such a read of a shard not open yet is WouldWait, and so the thread that
+    takes it over opens it.  ``scattered``: reads will be single blobs here and
     there (a cache's fills and read-throughs), so the kernel reads no further ahead than asked: on a network
     file system its read-ahead would fetch bytes nobody reads.  On a network file system, every read (and open) is
     waited on for ``--store-timeout`` at most (:mod:`fanfs.util.deadline`), and no blob is read in place: a splice
@@ -198,15 +200,17 @@ class LocalShards(ShardSource):
     def read_resident(self, blob: int, shard: int, offset: int, length: int) -> bytes:
         if self.deadline is not None:
             raise WouldWait  # a network file system's: read by a thread that may wait, for its deadline
-        return self._nowait.pread(self._fd(shard), length, offset)
+        fd = self._fds.get(shard)
+        if fd is None:
+            raise WouldWait  # not opened yet: its open and its header's check may read the disk (a thread's)
+        return self._nowait.pread(fd, length, offset)
 
     def descriptor(self, blob: int, shard: int) -> int | None:
         return None if self.deadline is not None else self._fd(shard)
 
     def place(self, blob: int, shard: int, offset: int) -> int | None:
-        if self.deadline is not None:
-            return None
-        self._fd(shard)  # there, a regular file, and this store's: checked once
+        if self.deadline is not None or shard not in self._fds:
+            return None  # not opened yet (checked: there, a regular file, this store's): the copy path's read opens it
         return offset
 
     def holds_in_place(self, blob: int) -> bool:

@@ -18,6 +18,7 @@ be handed to every in-process reader of the node (``fanfs run``, through the mou
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -95,9 +96,13 @@ def sealed_memory(size: int, fill: Callable[[memoryview], None], name: str = "fa
         view = memoryview(writable)
         try:
             fill(view)
-        finally:
+        except BaseException:
             view.release()
-            writable.close()  # a writable mapping left would make F_SEAL_WRITE fail (EBUSY)
+            with contextlib.suppress(BufferError):  # a read given up on (a stalled file system) may still fill a part
+                writable.close()  # (then the mapping goes with the process)
+            raise
+        view.release()
+        writable.close()  # a writable mapping left would make F_SEAL_WRITE fail (EBUSY)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
         memory = SealedMemory(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
     except BaseException:

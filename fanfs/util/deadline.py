@@ -203,6 +203,7 @@ class Deadline:
                 call.result = call.function(*call.args)
             except BaseException as err:  # the caller's to see (or nobody's, if it gave up)
                 call.error = err
+            call.args = ()  # nothing of the caller's is held once it is answered (a buffer it read into, to be closed)
             with self._lock:
                 call.done.set()
                 self._idle += 1

@@ -21,6 +21,14 @@ def inject(monkeypatch: pytest.MonkeyPatch, *items: str) -> dict[str, str]:
     return dict(os.environ)
 
 
+def kernels(*slow: str) -> list:
+    """KERNELS as parameters of a test that mounts: an older one is emulated by a seccomp filter, which a plain user's
+    process installs only with ``no_new_privs``, under which fusermount3 cannot mount (so marked ``root``); those named
+    in ``slow`` are marked slow too."""
+    return [pytest.param(name, marks=[*([pytest.mark.root("to emulate an older kernel under a mount")] if calls else []),
+                                      *([pytest.mark.slow] if name in slow else [])]) for name, calls in KERNELS.items()]
+
+
 def old_kernel(monkeypatch: pytest.MonkeyPatch, *calls: str) -> dict[str, str]:
     """Make every fanfs process started from now on run as on a kernel without ``calls`` (names, e.g. "cachestat"):
     they fail with ENOSYS (inject/enosys.py); returns that environment."""
