@@ -198,6 +198,7 @@ def test_a_staging_that_does_not_grow_is_not_waited_for(published, base, tmp_pat
         holder.wait()
 
 
+@pytest.mark.slow  # two stores, two mounts and three prunes
 def test_the_site_keeps_unused_copies_within_its_size(published, base, tmp_path):
     """``FANFS_SHARED_KEEP``: unused copies stay while all the copies take at most that much, the newest staged kept;
     ``fanfs shared prune --keep`` applies another size."""
@@ -334,7 +335,7 @@ else:
 """
 
 
-@pytest.mark.parametrize("kind", ["garbage", "symlink"])
+@pytest.mark.parametrize("kind", ["garbage", pytest.param("symlink", marks=pytest.mark.slow)])
 def test_a_copy_another_user_planted_costs_no_byte(published, base, tmp_path, local_users, kind):
     """fanfs-bob, who may read the store, makes its copy first: a directory that says it is complete and holds zeros
     (every read of it fails its check and is read from the shared store), or a symbolic link (not a copy: the job

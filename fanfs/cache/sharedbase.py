@@ -37,8 +37,8 @@ STALL = 60.0
 
 def shared_base(path: str) -> str:
     """``path`` (its real path), checked as the base of a node's shared copies: a directory root or this user owns,
-    which this user may write, and sticky if others may write it too (else they could remove or replace the copies in
-    it).  One line saying what to do otherwise."""
+    sticky if others may write it (else they could remove or replace the copies in it).  One line saying what to do
+    otherwise.  (One this user may not write, a group's, costs its jobs a private copy each, not a refusal.)"""
     real = os.path.realpath(path)
     try:
         st = os.stat(real)
@@ -52,8 +52,6 @@ def shared_base(path: str) -> str:
         elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             problem = f"may be written by others but is not sticky (mode {stat.S_IMODE(st.st_mode):o}): any of " \
                       "them could remove or replace the copies in it"
-        elif not os.access(real, os.W_OK | os.X_OK):
-            problem = "may not be written by you"
         else:
             return real
     raise FanfsError(f"{SHARED_VARIABLE}: {path} {problem}: an administrator makes it once on every node, open to all "
