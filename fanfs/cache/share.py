@@ -184,7 +184,8 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
     store = Store(store_root, cache_size=cache_size, sources=[share.local, *remotes, share.shared],
                   check_shards=False, index=index, is_local=is_local)
     facts = {"store": store_root, "store_id": index.meta["store_id"], "rank": rank, "nodes": nodes, "replicas": replicas,
-             "local_dir": local_dir, "stage": "lazy" if lazy else "shared" if shared else "full", "capacity": capacity, "staged": dict(staged)}
+             "local_dir": local_dir, "stage": "lazy" if lazy else "shared" if shared else "full", "capacity": capacity,
+             "staged": dict(staged)}
     return NodeStore(store, share, remotes, placement, client, facts)
 
 

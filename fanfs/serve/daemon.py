@@ -59,8 +59,8 @@ def check_fuse() -> None:
 def check_mountpoint(mountpoint: str, store_root: str, local_dir: str | None = None, shared: str | None = None) -> None:
     """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon of
     ``store_root`` (and ``local_dir``, and the node's ``shared`` copies) will open: through its own mount, the daemon
-    would wait on itself.  On a network
-    file system the store's paths are looked at for ``--store-timeout`` at most each (Stalled)."""
+    would wait on itself.  On a network file system the store's paths are looked at for ``--store-timeout`` at most
+    each (Stalled)."""
     if mounted(mountpoint):
         alive = os.path.ismount(mountpoint) and not control.daemon_ended(mountpoint)  # a dead root may stat from cache
         dead = "" if alive else " whose daemon has ended (it answers 'Transport endpoint is not connected')"
