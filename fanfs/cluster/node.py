@@ -115,7 +115,7 @@ def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: M
                           shared=copies.stage == "shared")
     finally:
         copies.release()  # a shared copy: the store's source holds a lease of its own, which its daemon keeps
-    cache = CacheHooks(node.store, copies.presentation, mountpoint, options.mount.prefetch, node)
+    cache = CacheHooks(node.store, options.mount.presentation, mountpoint, options.mount.prefetch, node)
     try:
         return start(node.store, mountpoint, options.mount, lock=lock, hooks=cache.hooks())
     finally:
