@@ -1,7 +1,8 @@
 """Issue 50 (major 6): a store many users read is staged once per node and shared by every job on it
 (``--stage shared``, ``FANFS_STAGE=shared``; fanfs/cache/sharedcopy.py, docs/shared.rst).
 
-Mounts of one store, one after another or started at once, read one copy, staged once; it goes with the last of them,
+Mounts of one store, one after another or started at once, read one copy, staged once (a fuller copy serves a lower
+fidelity too); it goes with the last of them,
 or stays as the site's keep says, and what a job killed outright left is pruned.  Another user's copy (fanfs-alice's,
 fanfs-bob's: tests/support/users.py) is read and checked on every read, never spliced: its owner may change it under a
 mount without moving its change time; and a copy another user planted, left incomplete or never lets grow costs a job
@@ -357,3 +358,25 @@ def test_a_copy_another_user_planted_costs_no_byte(published, base, tmp_path, lo
         else:
             assert copy is None and (tmp_path / "own" / STAGED_NAME).exists(), "a private copy"
     assert os.path.lexists(path) == (kind == "symlink"), "root removes a copy nobody uses, whoever made it; no link"
+
+
+@pytest.mark.slow  # a store of progressive JPEGs, three mounts
+def test_a_fuller_copy_serves_a_lower_fidelity(published, base, tmp_path):
+    """A copy staged at full fidelity holds every layer a mount at K reads: a job at K leases it (no copy at K is
+    staged) and reads what a mount at K straight on the store reads."""
+    from photo_samples import make_photo_set
+    make_photo_set(tmp_path / "photos", 12)
+    store = published[2] / "photos.store"
+    fanfs("pack", tmp_path / "photos", store, "--progressive-jpeg", "--quiet")
+    try:
+        with mounted(store, tmp_path / "direct", "--fidelity", "2") as direct, \
+                mounted(store, tmp_path / "full", *shared(tmp_path / "own1", base)):
+            (copy,) = copies_in(base)
+            with mounted(store, tmp_path / "k2", *shared(tmp_path / "own2", base), "--fidelity", "2") as k2:
+                assert copies_in(base) == [copy]
+                assert stats_command(k2)["shared_copy"]["directory"] == str(copy)
+                assert [path.name for path in sorted(direct.iterdir()) if path.read_bytes() !=
+                        (k2 / path.name).read_bytes()] == []
+    finally:
+        shutil.rmtree(store)
+    assert copies_in(base) == []
