@@ -2,11 +2,10 @@
 (``--stage shared``, ``FANFS_STAGE=shared``; fanfs/cache/sharedcopy.py, docs/shared.rst).
 
 Mounts of one store, one after another or started at once, read one copy, staged once (a fuller copy serves a lower
-fidelity too); it goes with the last of them,
-or stays as the site's keep says, and what a job killed outright left is pruned.  Another user's copy (fanfs-alice's,
-fanfs-bob's: tests/support/users.py) is read and checked on every read, never spliced: its owner may change it under a
-mount without moving its change time; and a copy another user planted, left incomplete or never lets grow costs a job
-a private copy of its own, never its bytes nor its start.  The Slurm jobs of two users on one node are in
+fidelity too); it goes with the last of them, or stays as the site's keep says, and what a job killed outright left is
+pruned.  Another user's copy (fanfs-alice's, fanfs-bob's: tests/support/users.py) is read and checked on every read,
+never spliced: its owner may change it under a mount without moving its change time; and a copy another user planted,
+left incomplete or never lets grow costs a job a private copy of its own, never its bytes nor its start.  The Slurm jobs of two users on one node are in
 tests/test_slurm_shared.py.
 """
 
