@@ -137,16 +137,27 @@ sys.stdin.read()  # held until the test kills it
 """
 
 
-def hold(store: Path, base: Path, what: str, **kwargs) -> subprocess.Popen:
-    """A process of a job holding the store's copy in ``base``: staged and leased ("complete"), or claimed and never
-    staged ("claim"); its first line says which it got."""
-    process = subprocess.Popen([sys.executable, "-c", _HOLD, str(store), str(base), what], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True, **kwargs)
-    process.first = process.stdout.readline().strip()
-    return process
+@pytest.fixture
+def hold():
+    """``hold(store, base, what, **popen)``: a process of a job holding the store's copy in ``base``: staged and leased
+    ("complete"), or claimed and never staged ("claim"); its first line says which it got.  Killed at the end of the
+    test, if the test did not."""
+    started = []
+
+    def start(store: Path, base: Path, what: str, **kwargs) -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-c", _HOLD, str(store), str(base), what], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True, **kwargs)
+        started.append(process)
+        process.first = process.stdout.readline().strip()
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
 
 
-def test_a_copy_a_killed_job_left_is_used_again_then_pruned(published, base, tmp_path):
+def test_a_copy_a_killed_job_left_is_used_again_then_pruned(published, base, tmp_path, hold):
     """SIGKILL drops a job's lease with it: its complete copy is left unused, which the next mount leases again (no
     staging) and which goes with that mount; or which ``fanfs shared prune`` removes.  A staging killed outright leaves
     an incomplete copy that the next job of this user resumes."""
@@ -182,20 +193,16 @@ def test_a_copy_a_killed_job_left_is_used_again_then_pruned(published, base, tmp
     assert copies_in(base) == []
 
 
-def test_a_staging_that_does_not_grow_is_not_waited_for(published, base, tmp_path, monkeypatch):
+def test_a_staging_that_does_not_grow_is_not_waited_for(published, base, tmp_path, monkeypatch, hold):
     """A job that claimed the copy and copies nothing (stopped, or a user holding its lock) costs another job
     ``STALL`` seconds at most: that job stages a private copy, says so, and reads exact."""
     src, store, _ = published
-    holder = hold(store, base, "claim")
-    try:
-        inject(monkeypatch, "fanfs.cache.sharedcopy:STALL=2")
-        with mounted(store, tmp_path / "mnt", *shared(tmp_path / "own", base)) as mnt:
-            assert exact(src, mnt) == []
-            assert "shared_copy" not in stats_command(mnt)
-            assert sorted(path.name for path in (tmp_path / "own").iterdir())[:1] == [STAGED_NAME]
-    finally:
-        holder.kill()
-        holder.wait()
+    assert hold(store, base, "claim").first == "Claim"
+    inject(monkeypatch, "fanfs.cache.sharedcopy:STALL=2")
+    with mounted(store, tmp_path / "mnt", *shared(tmp_path / "own", base)) as mnt:
+        assert exact(src, mnt) == []
+        assert "shared_copy" not in stats_command(mnt)
+        assert sorted(path.name for path in (tmp_path / "own").iterdir())[:1] == [STAGED_NAME]
 
 
 @pytest.mark.slow  # two stores, two mounts and three prunes
@@ -282,7 +289,7 @@ def drop_pages(path: Path) -> None:
         os.close(fd)
 
 
-def test_another_user_s_copy_is_checked_on_every_read_never_spliced(published, base, tmp_path, local_users):
+def test_another_user_s_copy_is_checked_on_every_read_never_spliced(published, base, tmp_path, local_users, hold):
     """fanfs-alice's job staged the copy; this user's mount reads it, checking every read.  Alice then changes a byte
     of the large file's chunk through a mapping whose page she had written before the mount verified it, so the
     copy's change time does not move: a splice would serve her byte (it did, before the copy's owner was asked), the
