@@ -64,7 +64,7 @@ class Jobs:
     """One scenario's jobs: their output directory, their go and end files (one end file per user), and what they
     say."""
 
-    def __init__(self, cluster, published, tmp_path: Path) -> None:
+    def __init__(self, cluster, published) -> None:
         self.cluster, (self.src, self.store, self.shared) = cluster, published
         self.dir = Path(tempfile.mkdtemp(prefix="jobs-", dir=cluster.base_dir))
         self.dir.chmod(0o777)
@@ -101,9 +101,8 @@ class Jobs:
         """End ``users``' jobs (their end files) and wait for them; their final states."""
         for user in users:
             self.end(user).touch()
-        ends = {job: self.cluster.wait(job, timeout=timeout).state for job, name in self.ids.items()
+        return {job: self.cluster.wait(job, timeout=timeout).state for job, name in self.ids.items()
                 if name in {user.pw_name for user in users}}
-        return ends
 
     def reports(self) -> dict[str, dict]:
         return {path.stem: json.loads(path.read_text()) for path in self.dir.glob("*.json")}
@@ -138,17 +137,17 @@ def epilog(shared: Path, node: str) -> list[str]:
     return fanfs("shared", "prune", shared / node).stdout.splitlines()
 
 
-def test_two_users_jobs_on_a_node_read_one_copy_staged_once(cluster, published, local_users, fuse_for_users, tmp_path):
+def test_two_users_jobs_on_a_node_read_one_copy_staged_once(cluster, published, local_users, fuse_for_users):
     alice, bob = local_users
     src, store, shared = published
-    per_job = Jobs(cluster, published, tmp_path)  # before: the array staged once per task
+    per_job = Jobs(cluster, published)  # before: the array staged once per task
     per_job.submit(alice, "-w", "n1", tasks=4, env={"FANFS_STAGE": "full"})
     per_job.ready()
     before = disk(*node_dirs(cluster, "n1"))
     per_job.go.touch()
     assert set(per_job.finish([alice]).values()) == {"COMPLETED"}, per_job.outputs()
 
-    jobs = Jobs(cluster, published, tmp_path)
+    jobs = Jobs(cluster, published)
     jobs.submit(alice, "-w", "n1", tasks=4)
     jobs.submit(bob, "-w", "n1")
     jobs.submit(alice, "-N", "2")
@@ -214,7 +213,7 @@ def clean_after_kill(cluster, node: str) -> None:
 
 
 @pytest.mark.parametrize("end", ["scancel", "sigkill", "wipe", "keep"])
-def test_nothing_is_left_but_what_the_site_keeps(cluster, published, local_users, fuse_for_users, tmp_path, end):
+def test_nothing_is_left_but_what_the_site_keeps(cluster, published, local_users, fuse_for_users, end):
     """Two tasks of alice's array and bob's job on n1, one copy: ended by ``scancel`` (SIGTERM to every process: each
     lease goes, the last one's user removes the copy if it made it, else the epilog does), by SIGKILL of every job
     process (every lease goes with its process; the copy is left unused for the epilog), after a wipe of the node's
@@ -222,7 +221,7 @@ def test_nothing_is_left_but_what_the_site_keeps(cluster, published, local_users
     the site keeping unused copies up to a size (``FANFS_SHARED_KEEP``: it stays, unused, until a prune without it)."""
     alice, bob = local_users
     src, store, shared = published
-    jobs = Jobs(cluster, published, tmp_path)
+    jobs = Jobs(cluster, published)
     keep = {"FANFS_SHARED_KEEP": "1G"} if end == "keep" else {}
     tags = [*jobs.submit(alice, "-w", "n1", tasks=2, env=keep), *jobs.submit(bob, "-w", "n1", env=keep)]
     jobs.ready()
