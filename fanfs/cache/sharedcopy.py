@@ -29,9 +29,10 @@ import time
 import numpy as np
 
 from ..records import Presentation, blobs_read
-from ..store.format import INDEX_NAME
+from ..store.format import INDEX_NAME, SHARD_DIR
 from ..store.index import Index
 from ..store.sources import HeldShards
+from ..util.deadline import deadline_for, within
 from ..util.files import file_lock
 from ..util.privacy import readable_by_others
 from .sharedbase import (LOCK_NAME, NEW, PREFIX, STALL, allocated, delete_tree, open_lock, prune_quietly, recorded,
@@ -118,32 +119,39 @@ def _claim(base: str, path: str, store_root: str) -> Claim | None:
     """A new copy at ``path``, made under a temporary name with its lock taken and then renamed into place (nobody
     ever sees it without its lock); None if ``path`` exists already."""
     index_path = os.path.join(store_root, INDEX_NAME)
-    bits = readable_by_others(index_path)
+    bits, group = within(deadline_for(os.path.join(store_root, SHARD_DIR)), index_path, _readers, index_path)
     made = tempfile.mkdtemp(prefix=f"{NEW}{os.path.basename(path)}-", dir=base)
     try:
         setgid = 0
         if bits & stat.S_IRGRP and not bits & stat.S_IROTH:
             try:  # the store's group, which this user may give it only if a member: else no group bit at all
-                os.chown(made, -1, os.stat(index_path).st_gid)
+                os.chown(made, -1, group)
                 setgid = stat.S_ISGID  # what is made in it takes that group too
             except PermissionError:
                 bits &= ~stat.S_IRGRP
         os.chmod(made, 0o700 | setgid | bits | bits >> 2)  # others: read and enter where they read the store
         fd = os.open(os.path.join(made, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
-        os.fchmod(fd, 0o600 | bits)
-        file_lock(fd, fcntl.F_WRLCK)
         try:
+            os.fchmod(fd, 0o600 | bits)
+            file_lock(fd, fcntl.F_WRLCK)
             os.rename(made, path)
-        except OSError:
+        except BaseException:
             os.close(fd)
-            if not os.path.lexists(path):
-                raise
-            delete_tree(made)
-            return None
+            raise
+    except OSError:
+        delete_tree(made)
+        if os.path.lexists(path):
+            return None  # another job's copy took the name first (or something else is there: looked at next)
+        raise
     except BaseException:
         delete_tree(made)
         raise
     return Claim(path, fd)
+
+
+def _readers(index_path: str) -> tuple[int, int]:
+    """Who may read the store: the read bits its index grants (:func:`readable_by_others`), and its group."""
+    return readable_by_others(index_path), os.stat(index_path).st_gid
 
 
 def _wait(path: str, store_id: str, index: Index, wanted: np.ndarray, need: int) -> Lease | Claim | str | None:
