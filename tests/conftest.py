@@ -26,9 +26,9 @@ sys.path[:0] = [str(TESTS), str(TOOLS), *(str(TOOLS / folder) for folder in ("su
 from fanfs_command import fanfs, mounted  # noqa: E402
 
 SLURM_MODULES = {"test_slurm", "test_slurm_pack", "test_slurm_users", "test_time_limit", "test_slurm_local", "test_epilog",
-                 "test_site_install"}
-"""The modules that share the session's Slurm cluster and its time-limited job, and test_slurm_local, whose own
-one-host Slurm then never runs beside it (a two-node job timed out at 120 s while both ran at load 3-4)."""
+                 "test_site_install", "test_slurm_shared"}
+"""The modules that share the session's Slurm cluster and its time-limited job, and those whose own one-host Slurm
+then never runs beside it (a two-node job timed out at 120 s while both ran at load 3-4)."""
 HEAVY_MODULES = tuple(f"tests/test_{name}.py" for name in ("select", "tiers", "format_fixtures", "cluster", "scan_presets",
                                                           "float_records", "switch_race", "lazy_cluster"))
 """The modules of most test time (pytest --durations, 4 workers, Nov 2026), in that order: started first."""

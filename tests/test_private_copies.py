@@ -9,6 +9,7 @@ packed from a private source is private itself.
 
 from __future__ import annotations
 
+import grp
 import os
 import shutil
 import subprocess
@@ -124,6 +125,40 @@ def test_a_leftover_staged_tmp_is_made_private_before_it_is_renamed(tmp_path):
     staged = files_under(local)
     assert {path.name for path in staged} == {shard_name(0), STAGED_NAME}
     assert all(path.stat().st_mode & 0o777 == 0o600 for path in staged), [oct(p.stat().st_mode) for p in staged]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the store a group of its own")
+def test_a_copy_is_readable_by_the_store_s_group_only_in_that_group(shared):
+    """Issue 50: a store only its group may read (0750, files 0640), staged into a directory made with a plain
+    ``mkdir`` (0755): the copies took the stager's own group with the store's group bit (0640), open to that
+    group's members, whom the store's group shuts out.  A copy keeps the group's read bit only where it gets the store's
+    group (a setgid directory of that group), and a shared copy takes that group itself."""
+    src = shared / "src"
+    src.mkdir()
+    (src / "f.bin").write_bytes(os.urandom(30_000))
+    store, group = shared / "store", grp.getgrnam("nogroup").gr_gid
+    fanfs("pack", src, store, "--quiet")
+    for path in (store, store / "shards", *files_under(store)):
+        os.chown(path, -1, group)
+        os.chmod(path, 0o750 if path.is_dir() else 0o640)
+    plain, setgid, base = shared / "plain", shared / "setgid", shared / "base"
+    plain.mkdir(mode=0o755)
+    setgid.mkdir()
+    os.chown(setgid, -1, group)
+    os.chmod(setgid, 0o2755)
+    base.mkdir()
+    os.chmod(base, 0o1777)
+    for local in (plain, setgid):
+        fanfs("stage", store, local, "--quiet")
+    modes = {path.relative_to(shared): (path.stat().st_mode & 0o777, path.stat().st_gid) for path in files_under(plain, setgid)}
+    assert modes == {Path(directory, name): (mode, gid) for directory, mode, gid in (("plain", 0o600, 0), ("setgid", 0o640, group))
+                     for name in (shard_name(0), STAGED_NAME)}, modes
+    with mounted(store, shared / "mnt", "--local-dir", str(shared / "private"), "--stage", "shared", "--shared-local",
+                 str(base)):
+        (copy,) = base.iterdir()
+        assert (copy.stat().st_mode & 0o7777, copy.stat().st_gid) == (0o2550, group)
+        assert {path.name: (path.stat().st_mode & 0o777, path.stat().st_gid) for path in copy.iterdir()} == {
+            shard_name(0): (0o440, group), STAGED_NAME: (0o440, group), ".lock": (0o640, group)}
 
 
 @pytest.mark.slow  # an mpiexec job and a mount

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import FanfsError, WouldWait
 from ..util.checksum import checksum
+from ..util.files import file_lock
 from ..store.resident import NoWaitReads
 from ..store.sources import reopen
 from .keyedlocks import KeyedLocks
@@ -49,7 +50,6 @@ REPORT_EVERY = 60.0  # seconds between two log lines about blobs that could not 
 _HEADER = struct.Struct("<16s16sQ")  # magic, store id, blobs
 _MAGIC = b"fanfs-cache-v1\0\0"
 HEADER_SIZE = 64
-_FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock on 64-bit Linux
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -199,7 +199,7 @@ class DiskCache:
     def drop(self, blob: int, wait: bool = False) -> bool:
         """Free a blob's slot unless a read holds it (``wait``: wait for it); whether it was dropped."""
         with self._locks.hold(blob):
-            if not self._file_lock_taken(blob, wait):
+            if not file_lock(self._fd, fcntl.F_WRLCK, HEADER_SIZE + blob, 1, wait=wait):
                 return False
             try:
                 if self._states[blob] in (ABSENT, HOLE):
@@ -235,27 +235,15 @@ class DiskCache:
 
     @contextmanager
     def _file_lock(self, blob: int, kind: int, wait: bool = True) -> Iterator[None]:
-        if wait:
-            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW, _FLOCK.pack(kind, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
-        elif not self._file_lock_taken(blob, False, kind):
+        if not file_lock(self._fd, kind, HEADER_SIZE + blob, 1, wait=wait):
             raise WouldWait  # another process fills or drops it
         try:
             yield
         finally:
             self._unlock(blob)
 
-    def _file_lock_taken(self, blob: int, wait: bool, kind: int = fcntl.F_WRLCK) -> bool:
-        try:
-            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK,
-                        _FLOCK.pack(kind, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
-            return True
-        except OSError as err:
-            if err.errno in (errno.EAGAIN, errno.EACCES):
-                return False
-            raise
-
     def _unlock(self, blob: int) -> None:
-        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, HEADER_SIZE + blob, 1, 0))
+        file_lock(self._fd, fcntl.F_UNLCK, HEADER_SIZE + blob, 1)
 
     def reopen(self) -> int:
         return reopen(self._data)  # the data file, on a descriptor of the caller's own

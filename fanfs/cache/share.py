@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError
+from ..errors import FanfsError, StoreError
 from ..records import Presentation, blobs_read
 from ..serve.daemon import Hooks
 from ..store import Store
 from ..store.format import shard_name
 from ..store.index import Index
+from ..store.sources import HeldShards
 from ..peers.peer import PeerClient, RemoteBlobs, StagedBlobs, remote_sources
 from ..peers.placement import Placement, place
 from ..peers.world import World
@@ -33,42 +34,96 @@ from .lazy import FirstHolderFirst, LazyShare, cached_is_local, lazy_share
 from .order import Stream, order_command
 from .pagecache import PageCacheAhead
 from .prefetch import Prefetcher
+from .sharedbase import shared_base
+from .sharedcopy import Claim, Lease, LeasedShards, acquire
 from .stage import LOCAL_DIR_REMEDY, StagedShare, held_parts, stage, staged_presentation, staged_share
 
 log = logging.getLogger("fanfs")
 
 
-def check_local_dir(local_dir: str) -> None:
+def check_local_dir(local_dir: str, shared: str | None = None) -> None:
     """The node's local directory, if it exists (staging makes it), is safe to use: nobody else can write it (they
-    could replace the copies)."""
+    could replace the copies); and so is the base of its ``shared`` copies (:func:`.sharedbase.shared_base`)."""
     if os.path.lexists(local_dir):
         private_dir(local_dir, "local directory", LOCAL_DIR_REMEDY, create=False)
+    if shared is not None:
+        shared_base(shared)
+
+
+@dataclass
+class ReadyCopies:
+    """A node's local copies, ready to serve: where they are (``local_dir``), the presentation they hold, how they were
+    made (``stage``: "shared" for a shared copy, whose lease the node holds until :meth:`release`)."""
+
+    presentation: Presentation
+    local_dir: str
+    stage: str
+    lease: Lease | None = None
+
+    def release(self) -> None:
+        """The node has ended: its lease on a shared copy goes (and the copy with it, if nobody else reads it)."""
+        if self.lease is not None:
+            self.lease.release()
 
 
 def ready_copies(store_root: str, local_dir: str, how: str, replicas: int, world: World, index: Index,
-                 presentation: Presentation, *, alone: bool) -> Presentation:
-    """Make this node's local copies ready to serve (collective when staging, ``how`` "full"); the presentation they
-    hold (``how`` "lazy": the one whose blobs the cache keeps first).  Staged copies of this node missing or short
-    (a staging cut short, a disk wiped): an error for a node ``alone``, whose blobs nothing else holds; in a job a
-    warning, their reads going to the replicas or the shared store."""
+                 presentation: Presentation, *, alone: bool, shared: str | None = None) -> ReadyCopies:
+    """Make this node's local copies ready to serve (collective when staging, ``how`` "full" or "shared"); the
+    presentation they hold (``how`` "lazy": the one whose blobs the cache keeps first).  ``how`` "shared": this node's
+    copy of the whole store in ``shared`` (:mod:`.sharedcopy`), leased, staged by whichever job comes first, or, where
+    none can be had, this job's own in ``local_dir``.  Staged copies of this node missing or short (a staging cut short,
+    a disk wiped): an error for a node ``alone``, whose blobs nothing else holds; in a job a warning, their reads going
+    to the replicas or the shared store."""
     if how == "lazy":
-        return presentation
-    if how:
+        return ReadyCopies(presentation, local_dir, how)
+    if how == "shared":
+        assert shared is not None
+        ready = _shared_copy(store_root, local_dir, shared, world, index, presentation)
+        replicas = world.size
+    elif how:
         report = stage(store_root, local_dir, replicas, world, index, presentation=presentation)
         if report is not None:
             print(report.format(), flush=True)
-        staged = presentation
+        ready = ReadyCopies(presentation, local_dir, how)
     else:
-        staged = staged_presentation(local_dir, index.meta["store_id"]) or Presentation()
+        ready = ReadyCopies(staged_presentation(local_dir, index.meta["store_id"]) or Presentation(), local_dir, how)
     placement = place(index.blob_stored, world.size, replicas)
-    missing = missing_shards(local_dir, placement, world.rank, index, blobs_read(index, staged))
-    if missing and alone:
+    missing = missing_shards(ready.local_dir, placement, world.rank, index, blobs_read(index, ready.presentation))
+    if missing and alone and how != "shared":
         raise StoreError(f"{local_dir}: {len(missing)} of the store's shards are missing or incomplete "
                          f"(first: {shard_name(missing[0])}): run 'fanfs stage' or mount with --stage")
     if missing:
         log.warning("%s: %d shard copies of this node are missing or incomplete (first: %s); their reads go "
-                    "to replicas or the shared store", local_dir, len(missing), shard_name(missing[0]))
-    return staged
+                    "to replicas or the shared store", ready.local_dir, len(missing), shard_name(missing[0]))
+    return ready
+
+
+def _shared_copy(store_root: str, local_dir: str, base: str, world: World, index: Index,
+                 presentation: Presentation) -> ReadyCopies:
+    """This node's lease on its shared copy of the whole store, staged now (collective) if no job did yet; else a copy
+    of its own in ``local_dir``, and a warning saying why."""
+    try:
+        got: Lease | Claim | str = acquire(shared_base(base), store_root, index, presentation)
+    except (FanfsError, OSError) as err:  # this node's alone: the job goes on with a copy of its own here
+        got = f"{base}: {getattr(err, 'strerror', None) or err}"
+    if isinstance(got, str):
+        log.warning("%s: this job stages a copy of its own in %s", got, local_dir)
+    target = local_dir if isinstance(got, str) else got.directory
+    try:
+        report = stage(store_root, target, world.size, world, index, presentation=presentation,
+                       ready=isinstance(got, Lease), whole=True)
+        if report is not None:
+            print(report.format(), flush=True)
+        lease = got.complete(presentation) if isinstance(got, Claim) else got if isinstance(got, Lease) else None
+    except BaseException:
+        if isinstance(got, Claim):
+            got.abandon()
+        elif isinstance(got, Lease):
+            got.release()
+        raise
+    if lease is None:
+        return ReadyCopies(presentation, local_dir, "full")
+    return ReadyCopies(lease.presentation, lease.directory, "shared", lease)
 
 
 def missing_shards(directory: str, placement: Placement, rank: int, index: Index, staged: np.ndarray) -> list[int]:
@@ -100,12 +155,13 @@ class NodeStore:
 
 def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: int, local_dir: str,
                staged: Presentation, client: PeerClient | None, cache_size: int, *, lazy: bool = False,
-               capacity: int | None = None, owner: bool = False) -> NodeStore:
+               capacity: int | None = None, owner: bool = False, shared: bool = False) -> NodeStore:
     """Node ``rank``'s store: the blobs placement gives it from ``local_dir`` (staged at ``staged``), the others from
     their holders through ``client`` (None: a node alone), layers no node staged from the shared store.  ``lazy``:
     ``local_dir`` is a cache the node fills as it reads, within ``capacity`` (:mod:`.lazy`; ``staged`` is the
-    presentation whose blobs it keeps first, every blob not kept is read through); ``owner``: built by the node's
-    serving daemon, not by an in-process reader."""
+    presentation whose blobs it keeps first, every blob not kept is read through); ``shared``: ``local_dir`` is a shared
+    copy (:mod:`.sharedcopy`), read under a lease of this process's own; ``owner``: built by the node's serving daemon,
+    not by an in-process reader."""
     placement = place(index.blob_stored, nodes, replicas)
     first, count = index.first, index.count
     share: StagedShare | LazyShare
@@ -117,7 +173,8 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
         is_local = cached_is_local(lambda: store, lazily.cache)
         share = lazily
     else:
-        share = staged_share(store_root, local_dir, index, staged, placement.held(rank))
+        share = staged_share(store_root, local_dir, index, staged, placement.held(rank),
+                             LeasedShards if shared else HeldShards)
         remotes = remote_sources(client, placement, StagedBlobs(share.staged)) if client else []
 
         def is_local(entry: int, view: int) -> bool:  # the staged layers of this node serve it
@@ -127,7 +184,8 @@ def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: i
     store = Store(store_root, cache_size=cache_size, sources=[share.local, *remotes, share.shared],
                   check_shards=False, index=index, is_local=is_local)
     facts = {"store": store_root, "store_id": index.meta["store_id"], "rank": rank, "nodes": nodes, "replicas": replicas,
-             "local_dir": local_dir, "stage": "lazy" if lazy else "full", "capacity": capacity, "staged": dict(staged)}
+             "local_dir": local_dir, "stage": "lazy" if lazy else "shared" if shared else "full", "capacity": capacity,
+             "staged": dict(staged)}
     return NodeStore(store, share, remotes, placement, client, facts)
 
 

@@ -33,7 +33,7 @@ from ..store.index import Index
 from ..store.sources import HeldShards
 from ..util.checksum import checksum
 from ..util.deadline import Deadline, Stalled, close_within, deadline_for, within
-from ..util.privacy import file_mode, readable_by_others
+from ..util.privacy import file_mode, read_bits_in
 from ..util.files import open_regular
 from ..util.runtime import private_dir
 from ..util.units import human_size
@@ -171,28 +171,37 @@ def _create_tmp(path: str, access: int, mode: int) -> int:
 
 
 def stage(store_root: str, local_dir: str, replicas: int, world: World, index: Index, *,
-          presentation: Presentation = Presentation(), progress: bool = True) -> StageReport | None:
+          presentation: Presentation = Presentation(), progress: bool = True, ready: bool = False,
+          whole: bool = False) -> StageReport | None:
     """Collective: stage this node's blobs into ``local_dir``, only those read at ``presentation`` (the
-    first K layers of a shard are its prefix); rank 0 gets the job's report, others None."""
+    first K layers of a shard are its prefix); rank 0 gets the job's report, others None.  ``ready``: this node's copy
+    is complete already (a shared copy another job staged, :mod:`.sharedcopy`): it copies nothing, and only takes its
+    part in the job's steps.  ``whole``: every node holds the whole store (a shared copy), which a full disk says."""
     started = time.monotonic()
     placement: Placement = place(index.blob_stored, world.size, replicas)
     report = NodeReport(world.rank)
     parts: list[ShardPart] = []
     error, mode, reads = None, 0, None
     try:
-        reads = deadline_for(os.path.join(store_root, SHARD_DIR))
-        index_path = os.path.join(store_root, INDEX_NAME)
-        mode = file_mode(within(reads, index_path, readable_by_others, index_path))
-        make_local_dir(local_dir)  # once the store answered: a stalled one leaves no directory made
-        _forget_staged(local_dir)  # until this staging is complete, the directory holds no known presentation
         parts = held_parts(index, placement, world.rank, blobs_read(index, presentation))
         report.shards = len(parts)
-        need = sum(p.nbytes for p in parts if not _present(local_dir, p, index))
-        free = shutil.disk_usage(local_dir).free
-        if need > free:
-            error = (f"{local_dir} has {human_size(free)} free but this node needs {human_size(need)} for its "
-                     f"share of the store ({placement.replicas} replicas): use more nodes, fewer replicas or a bigger "
-                     f"disk, {LAZY_INSTEAD}")
+        if ready:
+            report.skipped_bytes, parts = sum(p.nbytes for p in parts), []
+        else:
+            reads = deadline_for(os.path.join(store_root, SHARD_DIR))
+            index_path = os.path.join(store_root, INDEX_NAME)
+            within(reads, index_path, os.stat, index_path)
+            make_local_dir(local_dir)  # once the store answered: a stalled one leaves no directory made
+            mode = file_mode(within(reads, index_path, read_bits_in, index_path, local_dir))
+            _forget_staged(local_dir)  # until this staging is complete, the directory holds no known presentation
+            need = sum(p.nbytes for p in parts if not _present(local_dir, p, index))
+            free = shutil.disk_usage(local_dir).free
+            if need > free:
+                remedy = ("each node holds the whole store in a shared copy: stage each node's share for this job "
+                          "alone (FANFS_STAGE=full, --stage full), " if whole else
+                          "use more nodes, fewer replicas or a bigger disk, ")
+                error = (f"{local_dir} has {human_size(free)} free but this node needs {human_size(need)} for its "
+                         f"share of the store ({placement.replicas} replicas): {remedy}{LAZY_INSTEAD}")
     except (FanfsError, Stalled) as err:
         error = str(err)
     except OSError as err:
@@ -236,7 +245,8 @@ def stage(store_root: str, local_dir: str, replicas: int, world: World, index: I
     bar.close()
     reports: list[NodeReport] = world.allgather(report)
     world.agree("; ".join(report.problems) or None)
-    write_staged(local_dir, index.meta["store_id"], presentation, mode)
+    if not ready:
+        write_staged(local_dir, index.meta["store_id"], presentation, mode)
     return StageReport(reports, placement.replicas, time.monotonic() - started, presentation) \
         if world.rank == 0 else None
 
@@ -281,20 +291,23 @@ class StagedShare:
 
     def stats(self, counters: dict[str, Any]) -> dict[str, Any]:
         """For ``fanfs stats``: what the node staged, and what it read from the shared store above it."""
-        return {"staged": dict(self.presentation), "shared_bytes": counters["by_source"].get(self.shared.name, 0)}
+        copy = getattr(self.local, "copy_stats", None)  # a shared copy's (.sharedcopy.LeasedShards)
+        return {"staged": dict(self.presentation), "shared_bytes": counters["by_source"].get(self.shared.name, 0),
+                **({"shared_copy": copy()} if copy is not None else {})}
 
     def counters(self) -> dict[str, Any]:
         """What each serving process counts of the share (summed for ``fanfs stats``): nothing of its own."""
         return {}
 
 
-def staged_share(store_root: str, local_dir: str, index: Index, presentation: Presentation,
-                 held: np.ndarray) -> StagedShare:
-    """The sources of a node holding the blobs ``held`` (placement), staged at ``presentation``."""
+def staged_share(store_root: str, local_dir: str, index: Index, presentation: Presentation, held: np.ndarray,
+                 local: Callable[[str, bytes, np.ndarray], HeldShards] = HeldShards) -> StagedShare:
+    """The sources of a node holding the blobs ``held`` (placement), staged at ``presentation``; ``local`` makes the
+    source of its copies (a shared copy's: :class:`.sharedcopy.LeasedShards`)."""
     staged = blobs_read(index, presentation)
     store_id = bytes.fromhex(index.meta["store_id"])
     every = np.ones(staged.size, bool)  # the shared store holds them all: it serves what no copy here or a peer can
-    return StagedShare(presentation, staged, HeldShards(local_dir, store_id, held & staged),
+    return StagedShare(presentation, staged, local(local_dir, store_id, held & staged),
                        HeldShards(os.path.join(store_root, SHARD_DIR), store_id, every, name="shared store"))
 
 

@@ -1,8 +1,10 @@
-"""``fanfs job run|serve|exec``: a whole Slurm job's life (slurm/train.sbatch is one line of it)."""
+"""``fanfs job run|serve|exec``: a whole Slurm job's life (slurm/train.sbatch is one line of it); ``fanfs cleanup``:
+what an ended job left on a node (the epilog's); ``fanfs shared list|prune``: the shared copies jobs leave on a node."""
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 from collections.abc import Callable
 
@@ -32,8 +34,16 @@ settings (environment; the options of 'job run' win):
                   tasks read in-process: fsspec.filesystem("fanfs", job=True) (default 1)
   FANFS_RUN       1: each task of the training command runs under 'fanfs run': its Python processes open its node's
                   mount's files in their own process, no FUSE round trip per file (default); 0: through the mount
-  FANFS_STAGE     full: each node copies its shards before training starts (default); lazy: training starts at
-                  once and a node copies a blob the first time it (or a peer) reads it
+  FANFS_STAGE     full: each node copies its shards before training starts (the default unless FANFS_SHARED_LOCAL
+                  is set); lazy: training starts at once and a node copies a blob the first time it (or a peer)
+                  reads it; shared: each node reads its one copy of the whole store, which every job on the node
+                  shares, staged by the first (the default where FANFS_SHARED_LOCAL is set)
+  FANFS_SHARED_LOCAL
+                  with FANFS_STAGE=shared: the node-local directory of the nodes' shared copies, {node} for the
+                  node's name, made once by an administrator (install -d -m 1777 DIR)
+  FANFS_SHARED_KEEP
+                  bytes of shared copies a node keeps when no job reads them (e.g. 500G; default 0: a copy goes
+                  with the last job that reads it)
   FANFS_CAPACITY  with FANFS_STAGE=lazy: local disk each node's cache may take (e.g. 200G); a store whose share
                   does not fit is accepted, the rest is read through from the shared store (default: no limit)
   FANFS_STORE_TIMEOUT
@@ -50,6 +60,7 @@ def job_help() -> str:
 
 
 def cmd_job_run(args: argparse.Namespace) -> int:
+    from ..cache.sharedbase import SHARED_VARIABLE, keep_size
     from ..cluster.batch import JobSettings, run_job
     from ..cluster.job import LOCAL_VARIABLE, MNT_VARIABLE
     from ..records import parse_all, settings
@@ -72,9 +83,14 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     if in_process not in ("0", "1"):
         raise UsageError(f"FANFS_RUN must be 1 (the tasks read in-process, under 'fanfs run') or 0 (through the "
                          f"mount), not {in_process!r}")
-    stage = args.stage or os.environ.get("FANFS_STAGE", "").strip() or "full"
-    if stage not in ("full", "lazy"):
-        raise UsageError(f"FANFS_STAGE must be full or lazy, not {stage!r}")
+    shared = args.shared_local or os.environ.get(SHARED_VARIABLE, "").strip()
+    stage = args.stage or os.environ.get("FANFS_STAGE", "").strip() or ("shared" if shared else "full")
+    if stage not in ("full", "lazy", "shared"):
+        raise UsageError(f"FANFS_STAGE must be full, lazy or shared, not {stage!r}")
+    if stage == "shared" and not shared:
+        raise UsageError(f"FANFS_STAGE=shared needs the node-local directory of the nodes' shared copies: "
+                         f"{SHARED_VARIABLE}=DIR (made once by an administrator: install -d -m 1777 DIR)")
+    keep_size()  # a bad FANFS_SHARED_KEEP: one line here, not one per node
     capacity = args.capacity
     if capacity is None and os.environ.get("FANFS_CAPACITY", "").strip():
         try:
@@ -88,7 +104,8 @@ def cmd_job_run(args: argparse.Namespace) -> int:
                            cache_size=args.cache_size, mpi=os.environ.get("FANFS_MPI") or "pmi2", workers=workers,
                            mount=mount == "1" and not args.no_mount, stage=stage, capacity=capacity,
                            in_process=in_process == "1" and not args.no_run)
-    for variable, value in ((LOCAL_VARIABLE, args.local), (MNT_VARIABLE, args.mountpoint)):
+    for variable, value in ((LOCAL_VARIABLE, args.local), (MNT_VARIABLE, args.mountpoint),
+                            (SHARED_VARIABLE, args.shared_local)):
         if value:
             os.environ[variable] = value  # the steps inherit it
     return run_job(args.store, command, settings)
@@ -104,7 +121,8 @@ def cmd_job_serve(args: argparse.Namespace) -> int:
                            presentation=known(values), prefetch=args.prefetch)
     check_stage_options(args)
     serve_node(os.path.abspath(args.store), options, replicas=args.replicas, auto=unresolved(values),  # once for the job
-               mount_fuse=not args.no_mount, stage=args.stage or "full", capacity=args.capacity)
+               mount_fuse=not args.no_mount, stage=args.stage or "full", capacity=args.capacity,
+               shared=args.shared_local)
     return 0
 
 
@@ -157,6 +175,62 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 1 if done.problems else 0
 
 
+SHARED_HELP = """\
+A node's shared copies: one copy of a store per node, which every job on it reads (FANFS_STAGE=shared, or
+'fanfs mount --stage shared'), in DIR ($FANFS_SHARED_LOCAL): a directory an administrator makes once on
+every node, open to all and sticky (install -d -m 1777 DIR).  A copy goes with the last job that reads
+it, unless FANFS_SHARED_KEEP keeps it; a job killed outright (SIGKILL, the OOM killer) leaves its copy
+for the next job or for 'fanfs shared prune', which a Slurm epilog runs as root:
+
+  fanfs shared list /local/fanfs-shared
+  fanfs shared prune /local/fanfs-shared --keep 500G   # as root: every user's copies; else your own
+"""
+
+
+def cmd_shared_list(args: argparse.Namespace) -> int:
+    from ..cache.sharedbase import copies
+    from ..util.units import human_size
+    from .args import print_json
+    found = copies(_shared_dir(args))
+    state = {fcntl.F_RDLCK: "in use", fcntl.F_WRLCK: "being staged", fcntl.F_UNLCK: "unused", None: "?"}
+    rows = [{"path": c.path, "owner": _user(c.owner), "bytes": c.bytes, "state": state[c.lock]
+             if c.presentation is not None or c.lock == fcntl.F_WRLCK else "incomplete",
+             "presentation": c.presentation and c.presentation.describe()} for c in found]
+    if args.json:
+        print_json(rows)
+        return 0
+    for row in rows:
+        print(f"{row['path']}  {row['owner']}  {human_size(row['bytes'])}  {row['state']}"
+              + (f"  ({row['presentation']})" if row["presentation"] else ""))
+    print(f"{len(rows)} shared copies, {human_size(sum(row['bytes'] for row in rows))}")
+    return 0
+
+
+def cmd_shared_prune(args: argparse.Namespace) -> int:
+    from ..cache.sharedbase import keep_size, prune, shared_base
+    for path in prune(shared_base(_shared_dir(args)), keep_size() if args.keep is None else args.keep):
+        print(f"removed {path}")
+    return 0
+
+
+def _shared_dir(args: argparse.Namespace) -> str:
+    from ..cache.sharedbase import SHARED_VARIABLE
+    given = args.dir or os.environ.get(SHARED_VARIABLE, "").replace("{node}", os.environ.get("SLURMD_NODENAME", ""))
+    if not given:
+        raise UsageError(f"which directory? give it, or set {SHARED_VARIABLE}")
+    if not os.path.isdir(given):
+        raise UsageError(f"{given}: no such directory")
+    return given
+
+
+def _user(uid: int) -> str:
+    import pwd
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     p = command("cleanup", cmd_cleanup, "end and remove what an ended Slurm job left on this node (the epilog's)")
     p.description = CLEANUP_HELP
@@ -169,6 +243,18 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     p.add_argument("--local", action="append", metavar="DIR", help="a node-local directory where the job may have "
                    f"kept its directories (its FANFS_LOCAL; again for more; always: {', '.join(DEFAULT_LOCAL)} and "
                    "$FANFS_LOCAL)")
+    shared = command("shared", cmd_shared_list, "list or prune a node's shared copies of stores")
+    shared.description, shared.formatter_class = SHARED_HELP, argparse.RawDescriptionHelpFormatter
+    actions = shared.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = actions.add_parser("list", help="each copy: its owner, size, and whether a job uses it")
+    p.set_defaults(func=cmd_shared_list)
+    p.add_argument("dir", nargs="?", help="the node's directory of shared copies ($FANFS_SHARED_LOCAL)")
+    p.add_argument("--json", action="store_true", help="one object per copy")
+    p = actions.add_parser("prune", help="remove the copies no job uses (yours; root: everyone's), beyond --keep")
+    p.set_defaults(func=cmd_shared_prune)
+    p.add_argument("dir", nargs="?", help="the node's directory of shared copies ($FANFS_SHARED_LOCAL)")
+    p.add_argument("--keep", type=size, metavar="SIZE", help="keep unused copies while all take at most SIZE, the "
+                   "newest staged first ($FANFS_SHARED_KEEP; default 0)")
 
     job = command("job", cmd_job_run, "run a training command on fanfs mounts across a Slurm job")
     job.description = job_help()
@@ -187,8 +273,11 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
                    "($FANFS_WORKERS; default: a quarter of the node's cores, 1 to 8)")
     p.add_argument("--no-mount", action="store_true", help="mount nothing: the tasks read in-process, "
                    "fsspec.filesystem('fanfs', job=True) (FANFS_MOUNT=0)")
-    p.add_argument("--stage", choices=("full", "lazy"), help="full: copy each node's shards before training; lazy: "
-                   "start at once, copy a blob when it is first read ($FANFS_STAGE; default full)")
+    p.add_argument("--stage", choices=("full", "lazy", "shared"), help="full: copy each node's shards before "
+                   "training; lazy: start at once, copy a blob when it is first read; shared: read the node's one copy "
+                   "that every job on it shares ($FANFS_STAGE; default shared where FANFS_SHARED_LOCAL is set, else full)")
+    p.add_argument("--shared-local", metavar="DIR", help="node-local directory of the nodes' shared copies, {node} for "
+                   "the node's name ($FANFS_SHARED_LOCAL)")
     p.add_argument("--capacity", type=positive_size, metavar="SIZE", help="with --stage lazy: local disk each node's "
                    "cache may take; the rest is read through ($FANFS_CAPACITY; default: no limit)")
     p.add_argument("--no-run", action="store_true", help="run the training command as it is, not under 'fanfs run': "

@@ -46,7 +46,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         from ..cluster.node import mount_node
         from ..cluster.serving import NodeOptions
         node = NodeOptions(options, os.path.abspath(expand(args.local_dir)), replicas=args.replicas, stage=args.stage,
-                           capacity=args.capacity, auto=unresolved(values), peer_timeout=args.peer_timeout, serve_only=args.no_mount)
+                           capacity=args.capacity, auto=unresolved(values), peer_timeout=args.peer_timeout,
+                           serve_only=args.no_mount, shared=args.shared_local and expand(args.shared_local))
         pid = mount_node(os.path.abspath(args.store), os.path.abspath(args.mountpoint), node)
     else:
         from ..cache.share import store_hooks
@@ -180,7 +181,10 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 STAGE_HELP = ("how this node gets its shards into --local-dir: 'full' (the default for a bare --stage) copies them "
               "all first, only the layers its presentation reads (higher ones are then read from the shared store); "
               "'lazy' serves at once and copies a blob the first time it is read (or a peer asks for it), so later "
-              "reads are local")
+              "reads are local; 'shared' reads the node's one copy of the whole store in --shared-local, which every "
+              "job on the node shares and the first stages (--local-dir: where this job stages its own if it cannot)")
+SHARED_HELP = ("with --stage shared: the node-local directory of the node's shared copies, made once by an "
+               "administrator, open to all and sticky (install -d -m 1777 DIR) ($FANFS_SHARED_LOCAL)")
 CAPACITY_HELP = ("with --stage lazy: local disk this node's cache may take (e.g. 200G); a share of the store that "
                  "does not fit is accepted: the node keeps what fits, a record's first layers before the rest, and "
                  "reads the other blobs through from the shared store (default: all it holds)")
@@ -201,9 +205,21 @@ def add_store_timeout_option(p: argparse.ArgumentParser) -> None:
 
 
 def check_stage_options(args: argparse.Namespace) -> None:
-    """A capacity only bounds a cache filled as the node reads (mount, job serve)."""
+    """A capacity only bounds a cache filled as the node reads, and shared copies need their directory (mount, job
+    serve): ``args.shared_local`` is that directory (its option, else ``$FANFS_SHARED_LOCAL``) for ``--stage
+    shared``, else None."""
+    from ..cache.sharedbase import SHARED_VARIABLE, keep_size
     if args.capacity is not None and args.stage != "lazy":
         raise UsageError("--capacity is the budget of a cache filled as the node reads: add --stage lazy")
+    if args.stage != "shared":
+        if args.shared_local is not None:
+            raise UsageError("--shared-local is where --stage shared keeps the node's shared copies: add --stage shared")
+        return
+    args.shared_local = args.shared_local or os.environ.get(SHARED_VARIABLE, "").strip() or None
+    if args.shared_local is None:
+        raise UsageError(f"--stage shared needs the node-local directory of the node's shared copies: --shared-local "
+                         f"DIR or {SHARED_VARIABLE}=DIR (made once by an administrator: install -d -m 1777 DIR)")
+    keep_size()  # a bad FANFS_SHARED_KEEP: one line here
 
 
 def add_prefetch_option(p: argparse.ArgumentParser) -> None:
@@ -216,10 +232,11 @@ def add_prefetch_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_stage_options(p: argparse.ArgumentParser, stage: Any = "") -> None:
-    """``--stage [full|lazy]`` and ``--capacity SIZE`` (mount, job serve)."""
-    p.add_argument("--stage", nargs="?", const="full", default=stage, choices=("full", "lazy"), metavar="full|lazy",
-                   help=STAGE_HELP)
+    """``--stage [full|lazy|shared]``, ``--capacity SIZE`` and ``--shared-local DIR`` (mount, job serve)."""
+    p.add_argument("--stage", nargs="?", const="full", default=stage, choices=("full", "lazy", "shared"),
+                   metavar="full|lazy|shared", help=STAGE_HELP)
     p.add_argument("--capacity", type=positive_size, metavar="SIZE", help=CAPACITY_HELP)
+    p.add_argument("--shared-local", metavar="DIR", help=SHARED_HELP)
 
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:

@@ -88,6 +88,10 @@ def _stats_lines(mountpoint: str, stats: dict, shown: str) -> list[str]:
         staged = Presentation(stats["staged"]).describe(chosen_only=True) or "full"
         lines.append(f"staged     at {staged}; read from the shared store (above it, or no good copy here): "
                      f"{human_size(stats['shared_bytes'])}")
+    if "shared_copy" in stats:  # the node's copy that every job on it reads (docs/shared.rst)
+        copy = stats["shared_copy"]
+        lines.append(f"shared     copy {copy['directory']} (uid {copy['owner']}'s; large files "
+                     + ("spliced from it)" if copy["spliced"] else "read and checked on every read: not yours)"))
     if "cluster" in stats:
         c = stats["cluster"]
         lines.append(f"node       rank {c['rank']} of {c['nodes']}, {c['local_blobs']:,} blobs held, {c['replicas']} replicas")

@@ -156,10 +156,13 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def serve_node(store_root: str, mount: MountOptions, *, replicas: int, auto: dict[str, Auto],
-               mount_fuse: bool = True, stage: str = "full", capacity: int | None = None) -> int:
+               mount_fuse: bool = True, stage: str = "full", capacity: int | None = None,
+               shared: str | None = None) -> int:
     """This node's part of the job (one task per node, all at once under srun): stage its shards (``stage``
-    "lazy": as it reads, within ``capacity``), mount (unless not ``mount_fuse``: then the mount point is the node
-    directory of in-process readers), serve until the job ends, then remove everything the job put on the node."""
+    "lazy": as it reads, within ``capacity``; "shared": lease the node's shared copy in ``shared``, ``{node}`` for the
+    node's name), mount (unless not ``mount_fuse``: then the mount point is the node directory of in-process readers),
+    serve until the job ends, then remove everything the job put on the node (a shared copy: if no other job reads it,
+    :mod:`fanfs.cache.sharedcopy`)."""
     dirs = NodeDirs.from_environment()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):  # a stop before the daemon serves still cleans up
         signal.signal(sig, _stop)
@@ -168,7 +171,8 @@ def serve_node(store_root: str, mount: MountOptions, *, replicas: int, auto: dic
     os.environ[RUNTIME_VARIABLE] = dirs.runtime
     try:
         options = NodeOptions(replace(mount, foreground=True), dirs.shards, replicas=replicas, stage=stage,
-                              capacity=capacity, auto=auto, job_node=dirs.node, serve_only=not mount_fuse)
+                              capacity=capacity, auto=auto, job_node=dirs.node, serve_only=not mount_fuse,
+                              shared=shared and shared.replace("{node}", dirs.node))
         return mount_node(store_root, dirs.mountpoint, options, prepare=dirs.create)
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):  # the cleanup itself is not cut short

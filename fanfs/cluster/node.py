@@ -35,7 +35,7 @@ from ..serve.logfile import setup_logging
 from ..store import Store
 from ..store.index import Index
 from ..util.mounts import mounted, unmount
-from ..cache.share import CacheHooks, check_local_dir, node_store, ready_copies
+from ..cache.share import CacheHooks, ReadyCopies, check_local_dir, node_store, ready_copies
 from ..peers.peerend import exchange_cards
 from ..peers.world import AgreedError, World, launched_ranks, load_index
 from .handoff import Handoff
@@ -45,16 +45,17 @@ from .serving import NodeOptions, Plan, daemon_main
 log = logging.getLogger("fanfs")
 
 
-def check_node_paths(store_root: str, mountpoint: str, local_dir: str, serve_only: bool = False) -> None:
+def check_node_paths(store_root: str, mountpoint: str, local_dir: str, serve_only: bool = False,
+                     shared: str | None = None) -> None:
     """This user may mount with FUSE here (unless ``serve_only``), before anything is staged; a node's mount point
-    (``serve_only``: its node directory, made if missing), and its local directory if it exists (staging makes it),
-    are safe to use."""
+    (``serve_only``: its node directory, made if missing), its local directory if it exists (staging makes it), and the
+    base of its shared copies (``shared``), are safe to use."""
     if serve_only:
         node_dir(mountpoint)
     else:
         check_fuse()
-        check_mountpoint(mountpoint, store_root, local_dir)
-    check_local_dir(local_dir)
+        check_mountpoint(mountpoint, store_root, local_dir, shared)
+    check_local_dir(local_dir, shared)
 
 
 def job_presentation(world: World, store_root: str, index: Index, values: Mapping[str, Value]) -> Presentation:
@@ -101,16 +102,20 @@ def mount_node(store_root: str, mountpoint: str, options: NodeOptions,
 def _mount_alone(store_root: str, mountpoint: str, options: NodeOptions, lock: MountLock) -> int:
     """A node alone: its paths, the index, the presentation, its local copies ready (:mod:`fanfs.cache.share`), its
     store and the cache's hooks, then the mount."""
-    check_node_paths(store_root, mountpoint, options.local_dir)
+    check_node_paths(store_root, mountpoint, options.local_dir, shared=options.shared)
     world = World.detect()
     index = load_index(store_root, world)
     options = _resolved(options, world, store_root, index)
     check_presentation(index, options.mount.presentation)
-    staged = ready_copies(store_root, options.local_dir, options.stage, options.replicas, world, index,
-                          options.mount.presentation, alone=True)
-    node = node_store(store_root, index, 0, 1, 1, options.local_dir, staged, None, options.mount.cache_size,
-                      lazy=options.stage == "lazy", capacity=options.capacity, owner=True)
-    cache = CacheHooks(node.store, staged, mountpoint, options.mount.prefetch, node)
+    copies = ready_copies(store_root, options.local_dir, options.stage, options.replicas, world, index,
+                          options.mount.presentation, alone=True, shared=options.shared)
+    try:
+        node = node_store(store_root, index, 0, 1, 1, copies.local_dir, copies.presentation, None,
+                          options.mount.cache_size, lazy=options.stage == "lazy", capacity=options.capacity, owner=True,
+                          shared=copies.stage == "shared")
+    finally:
+        copies.release()  # a shared copy: the store's source holds a lease of its own, which its daemon keeps
+    cache = CacheHooks(node.store, options.mount.presentation, mountpoint, options.mount.prefetch, node)
     try:
         return start(node.store, mountpoint, options.mount, lock=lock, hooks=cache.hooks())
     finally:
@@ -127,7 +132,7 @@ def _mount_in_job(store_root: str, mountpoint: str, options: NodeOptions,
         locks.append(MountLock(mountpoint))
         if not os.path.isdir(store_root):
             raise StoreError(f"{store_root}: no such store directory")
-        check_node_paths(store_root, mountpoint, options.local_dir, options.serve_only)
+        check_node_paths(store_root, mountpoint, options.local_dir, options.serve_only, options.shared)
 
     try:
         error = _problem(check_node)
@@ -149,24 +154,34 @@ def _start_job(child: Handoff, store_root: str, mountpoint: str, options: NodeOp
     (:mod:`fanfs.cache.share`), every node's peer address (:mod:`fanfs.peers.peerend`), then the plan handed to
     the daemon), then wait for this node's daemon until the job ends; its pid."""
     kind, value = child.recv() or ("error", "the serving daemon did not start")
+    copies: ReadyCopies | None = None
     try:
         world = World.detect()
         world.agree(value if kind == "error" else None)
         index = load_index(store_root, world)
         options = _resolved(options, world, store_root, index)
+        if options.stage == "shared":  # every node holds the whole store
+            options = dataclasses.replace(options, replicas=world.size)
         world.agree(_problem(lambda: check_presentation(index, options.mount.presentation)))
-        staged = ready_copies(store_root, options.local_dir, options.stage, options.replicas, world, index,
-                              options.mount.presentation, alone=False)
+        copies = ready_copies(store_root, options.local_dir, options.stage, options.replicas, world, index,
+                              options.mount.presentation, alone=False, shared=options.shared)
+        options = dataclasses.replace(options, local_dir=copies.local_dir, stage=copies.stage)
         endpoints, publics = exchange_cards(world, value)
-        child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, publics, options, staged))
+        child.send(Plan(store_root, bytes(index.data), world.rank, world.size, endpoints, publics, options,
+                        copies.presentation))
     except BaseException:
         try:
             child.send(None)  # the daemon leaves without serving
         except OSError:
             pass  # it has left already
         child.wait()
+        if copies is not None:
+            copies.release()
         raise
-    code = child.wait()
+    try:
+        code = child.wait()
+    finally:
+        copies.release()  # the daemon has ended: the node reads its shared copy no more
     if code and options.serve_only:  # killed (-9, OOM) while serving: its view must not outlive it
         withdraw(mountpoint)
     elif code and mounted(mountpoint):  # killed (-9, OOM) while serving: a dead mount answers ENOTCONN to all

@@ -103,7 +103,7 @@ def node_reader(facts: dict[str, Any], private: bytes | None, index: Index, cach
     if index.meta["store_id"] != facts["store_id"]:
         raise FanfsError(f"{store_root} is not the store the node in {where} serves (packed again since?)")
     return node_store(store_root, index, rank, len(facts["endpoints"]) if client else nodes, replicas, local_dir,
-                      staged, client, cache_size, lazy=lazy, capacity=capacity)
+                      staged, client, cache_size, lazy=lazy, capacity=capacity, shared=facts.get("stage") == "shared")
 
 
 def _client(facts: dict[str, Any], private: bytes | None, index: Index, where: str) -> PeerClient:

@@ -45,12 +45,14 @@ class NodeOptions:
     mount: MountOptions
     local_dir: str
     replicas: int = 1
-    stage: str = ""  # "full": stage the node's share into local_dir first; "lazy": a cache filled as the node reads
+    stage: str = ""  # "full": stage the node's share into local_dir first; "lazy": a cache filled as the node reads;
+    # "shared": lease the node's shared copy of the whole store in ``shared``, staged by the first job that wants it
     capacity: int | None = None  # lazy: bytes of local_dir the node's cache may take (None: all it holds)
     auto: dict[str, Auto] = field(default_factory=dict)  # settings the store decides (auto:SSIM): once, by rank 0
     peer_timeout: float = 5.0
     job_node: str | None = None  # a Slurm job's node name (fanfs.cluster.job): the daemon ends with its task
     serve_only: bool = False  # mount nothing: serve peers, and in-process readers through a node directory
+    shared: str | None = None  # stage "shared": the node-local base of the node's shared copies (FANFS_SHARED_LOCAL)
 
 
 READY_LINE = "fanfs: ready: {node} serves {mountpoint}"  # what 'fanfs job run' waits for, one per node
@@ -138,7 +140,7 @@ def serve_job(plan: Plan, mountpoint: str, end: PeerEnd, lock: MountLock) -> Non
     client = end.join(plan.endpoints, plan.publics, rank, index, options.peer_timeout)
     node = node_store(plan.store_root, index, rank, plan.nodes, options.replicas, options.local_dir, plan.staged,
                       client, options.mount.cache_size, lazy=options.stage == "lazy", capacity=options.capacity,
-                      owner=True)
+                      owner=True, shared=options.stage == "shared")
     share, remotes, placement = node.share, node.remotes, node.placement
     wake = os.pipe() if options.serve_only else None  # a node serving without a mount waits on it for its end
     stopper = Stopper(mountpoint, (lambda: os.write(wake[1], b"e")) if wake else None)

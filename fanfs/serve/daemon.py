@@ -56,10 +56,11 @@ def check_fuse() -> None:
                          f"{WITHOUT_MOUNT}") from None
 
 
-def check_mountpoint(mountpoint: str, store_root: str, local_dir: str | None = None) -> None:
+def check_mountpoint(mountpoint: str, store_root: str, local_dir: str | None = None, shared: str | None = None) -> None:
     """Refuse a mount point that is not a directory, is mounted already, or is or holds a path the daemon of
-    ``store_root`` (and ``local_dir``) will open: through its own mount, the daemon would wait on itself.  On a network
-    file system the store's paths are looked at for ``--store-timeout`` at most each (Stalled)."""
+    ``store_root`` (and ``local_dir``, and the node's ``shared`` copies) will open: through its own mount, the daemon
+    would wait on itself.  On a network file system the store's paths are looked at for ``--store-timeout`` at most
+    each (Stalled)."""
     if mounted(mountpoint):
         alive = os.path.ismount(mountpoint) and not control.daemon_ended(mountpoint)  # a dead root may stat from cache
         dead = "" if alive else " whose daemon has ended (it answers 'Transport endpoint is not connected')"
@@ -70,7 +71,7 @@ def check_mountpoint(mountpoint: str, store_root: str, local_dir: str | None = N
         raise StoreError(f"mount point {mountpoint} is not a directory: give a directory (mkdir -p one)")
     st = os.stat(mountpoint)
     reads = deadline_for(store_root) or deadline_for(os.path.join(store_root, SHARD_DIR))  # its shards: a link away?
-    for what, path in _opened_paths(store_root, local_dir, reads).items():
+    for what, path in _opened_paths(store_root, local_dir, shared, reads).items():
         if within(reads, path, _at_or_under, path, (st.st_dev, st.st_ino)):
             raise StoreError(f"{what} {path} is the mount point {mountpoint} or lies under it: the daemon would "
                              "read it through its own mount and hang; mount somewhere else")
@@ -94,7 +95,7 @@ def _at_or_under(path: str, directory: tuple[int, int]) -> bool:
         current = parent
 
 
-def _opened_paths(store_root: str, local_dir: str | None, reads: Deadline | None) -> dict[str, str]:
+def _opened_paths(store_root: str, local_dir: str | None, shared: str | None, reads: Deadline | None) -> dict[str, str]:
     """What a daemon serving ``store_root`` opens while it serves: none may lie under its mount point.
     Its index and shards are named one by one, since any of them may be a symbolic link elsewhere."""
     shards = os.path.join(store_root, SHARD_DIR)
@@ -108,6 +109,8 @@ def _opened_paths(store_root: str, local_dir: str | None, reads: Deadline | None
     paths["the runtime directory"] = runtime_dir()
     if local_dir is not None:
         paths["the local directory"] = local_dir
+    if shared is not None:
+        paths["the shared copies' directory"] = shared
     return paths
 
 

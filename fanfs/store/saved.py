@@ -23,7 +23,7 @@ import xxhash
 
 from ..errors import FanfsError, StoreError
 from ..util.files import read_regular
-from ..util.privacy import file_mode, readable_by_others
+from ..util.privacy import file_mode, read_bits_in
 from .format import INDEX_NAME, SAVED_NAMES
 from .index import Index
 
@@ -57,7 +57,7 @@ def write_saved(root: str, name: str, index: Index, content: dict[str, Any], rem
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     file_mode(readable_by_others(os.path.join(root, INDEX_NAME))))  # as private as the store
+                     file_mode(read_bits_in(os.path.join(root, INDEX_NAME), root)))  # as private as the store
         try:
             os.write(fd, data)
             os.fsync(fd)

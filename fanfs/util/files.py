@@ -1,4 +1,5 @@
-"""Opening files that must be regular files: never blocks on a FIFO, never follows a planted symlink.
+"""Opening files that must be regular files: never blocks on a FIFO, never follows a planted symlink; and the file
+locks that processes of a node share a file by.
 
 A store's index and shards, a plan or a scan script may have been replaced by a FIFO (an ``open`` of it
 would block forever) or a device; every such open goes through :func:`open_regular`, which opens with
@@ -8,8 +9,10 @@ would block forever) or a device; every such open goes through :func:`open_regul
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
+import struct
 
 from ..errors import FanfsError
 
@@ -60,3 +63,27 @@ def read_regular(path: str | bytes, limit: int | None = None, *, follow: bool = 
         return b"".join(parts)
     finally:
         os.close(fd)
+
+
+_FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock on 64-bit Linux
+
+
+def file_lock(fd: int, kind: int, start: int = 0, length: int = 0, *, wait: bool = False) -> bool:
+    """Take (``kind`` F_RDLCK or F_WRLCK) or drop (F_UNLCK) an open-file-description lock on ``length`` bytes of the
+    file at ``start`` (0: to its end): held by the open file, whoever shares it (forked children), until it is closed
+    or its process ends however it ends.  Whether it was taken: False if another open file holds a conflicting lock
+    (``wait``: waits for it instead); a lock already held is changed in one step (read to write and back)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, start, length, 0))
+        return True
+    except OSError as err:
+        if err.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def lock_held(fd: int, start: int = 0, length: int = 0) -> int:
+    """The kind of lock another open file holds on those bytes of the file at ``fd`` (F_RDLCK, F_WRLCK), F_UNLCK if
+    none: asked without taking one (``fd`` may be read-only)."""
+    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, start, length, 0))
+    return _FLOCK.unpack(answer)[0]

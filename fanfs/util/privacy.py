@@ -4,7 +4,8 @@ Another user reads a file only if its mode lets their class (group or other) rea
 above it lets them search it.  What fanfs writes from a store or a source (a pack's store, staged copies,
 spill files) gets the read bits the original grants through that whole path, never more: a 0700 store, or a
 0755 one in a 0700 home, gives 0600 files and 0700 directories, wherever they are written (a ``--local-dir``
-made with a plain ``mkdir`` included).  Owners keep read and write; nothing is ever made wider than the
+made with a plain ``mkdir`` included); and a copy keeps the group's read bit only where it has the original's group
+(:func:`read_bits_in`).  Owners keep read and write; nothing is ever made wider than the
 umask already makes it.  (ACLs are not read: a store shared only through an ACL gives private copies.)
 """
 
@@ -39,6 +40,22 @@ def readable_by_others(path: str) -> int:
             bits &= ~stat.S_IROTH
             if not (above.st_mode & stat.S_IXGRP and above.st_gid == st.st_gid):  # the file's group, not another
                 bits &= ~stat.S_IRGRP
+    return bits
+
+
+def read_bits_in(path: str, directory: str) -> int:
+    """The read bits a copy of ``path`` written in ``directory`` may have: :func:`readable_by_others`, but the group's
+    only where the copy gets the original's group (a new file takes its creator's group, or a setgid directory's) or
+    everyone may read it: in the creator's own group, a copy would be open to users that the original's group shuts
+    out."""
+    bits = readable_by_others(path)
+    if bits & stat.S_IRGRP and not bits & stat.S_IROTH:
+        try:
+            above, original = os.stat(directory), os.stat(path)
+        except OSError:
+            return bits & ~stat.S_IRGRP
+        if (above.st_gid if above.st_mode & stat.S_ISGID else os.getegid()) != original.st_gid:
+            bits &= ~stat.S_IRGRP
     return bits
 
 
