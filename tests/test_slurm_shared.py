@@ -27,6 +27,7 @@ from support.slurm_jobs import SBATCH
 pytestmark = pytest.mark.slow  # a real Slurm, jobs of two users
 
 TASK = Path(__file__).resolve().parent / "support" / "shared_task.py"
+EPILOG = Path(__file__).resolve().parents[1] / "slurm" / "epilog.sh"
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +133,14 @@ def copies(shared: Path, node: str) -> list[Path]:
     return sorted((shared / node).iterdir())
 
 
-def epilog(shared: Path, node: str) -> list[str]:
-    """What a Slurm epilog runs as root on the node: the shared copies no job uses go."""
-    return fanfs("shared", "prune", shared / node).stdout.splitlines()
+def epilog(shared: Path, node: str, keep: dict[str, str] | None = None) -> list[str]:
+    """What slurm/epilog.sh, as root on the node, said it removed of the shared copies (no job uses them) once a job
+    has ended there (one with nothing else left)."""
+    env = {"FANFS": str(Path(sys.executable).parent / "fanfs"), "FANFS_SHARED_LOCAL": f"{shared}/{{node}}",
+           "SLURM_JOB_ID": "1", "SLURM_JOB_UID": "0", "SLURMD_NODENAME": node, **(keep or {})}
+    done = subprocess.run([EPILOG], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and not done.stderr, done
+    return [line for line in done.stdout.splitlines() if line.startswith("removed ")]
 
 
 def test_two_users_jobs_on_a_node_read_one_copy_staged_once(cluster, published, local_users, fuse_for_users):
@@ -246,7 +252,7 @@ def test_nothing_is_left_but_what_the_site_keeps(cluster, published, local_users
         assert all(report["files"] == 120 and not report["mismatches"] for report in jobs.reports().values())
         if end == "keep":  # the site's epilog prunes within its keep: the copy stays for the next job
             assert copies(shared, "n1") == [copy]
-            assert fanfs("shared", "prune", shared / "n1", env={**os.environ, **keep}).stdout.splitlines() == []
+            assert epilog(shared, "n1", keep) == []
             assert fanfs("shared", "prune", shared / "n1", "--keep", "0").stdout.splitlines() == [f"removed {copy}"]
         assert epilog(shared, "n1") == []
     assert copies(shared, "n1") == [] and not node_dirs(cluster, "n1")
