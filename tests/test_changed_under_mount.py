@@ -141,6 +141,30 @@ def test_an_extent_whose_copy_is_cut_after_it_was_verified_is_never_served_short
         _never_the_changed_byte(path, want)
 
 
+@pytest.mark.parametrize("copy", ["store", "staged"])
+def test_an_extent_first_read_by_the_copy_path_then_changed_in_place_never_serves_the_change(large_file, tmp_path,
+                                                                                               mount, copy):
+    """An extent's first read goes through the copy path (its shard is not open for splices yet: opened by that read),
+    which checks each chunk and vouches for it where it lies; the copy is then written in place (``rsync --inplace``),
+    never cut: its change time and size say so, as for a chunk verified for a splice, and no changed byte is served."""
+    src, original = large_file
+    store = tmp_path / "store"
+    shutil.copytree(original, store)
+    want = (src / "big.raw").read_bytes()
+    options = () if copy == "store" else ("--local-dir", str(tmp_path / "local"), "--stage", "full")
+    with mount(store, *options) as mnt:
+        path = mnt / "big.raw"
+        assert path.read_bytes() == want  # the first read of a fresh mount: the copy path
+        victim = _copy_holding(store / SHARD_DIR if copy == "store" else tmp_path / "local", len(want))
+        whole = victim.read_bytes()
+        first = whole.find(want[:MIB])
+        time.sleep(0.05)  # past a tick of the kernel's coarse clock, whose time a write then moves
+        with open(victim, "r+b") as f:
+            f.seek(first + 2 * MIB + 300)
+            f.write(bytes([whole[first + 2 * MIB + 300] ^ 0xFF]))
+        _never_the_changed_byte(path, want)
+
+
 def _never_the_changed_byte(path: Path, want: bytes) -> None:
     """A read of a copy changed since its chunks were verified: the store's bytes (a chunk kept in memory since it was
     read and checked), or EIO (no good copy); never the copy's changed byte."""

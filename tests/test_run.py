@@ -132,6 +132,27 @@ def test_a_file_opened_in_process_behaves_as_the_mount_s(stores, mount):
     assert inside["buffered"] and inside["name"] == [True, "rb", False, True, True, False] and inside["closed"]
 
 
+READ_WHOLE = "import sys\nfor name in sys.argv[2:]:\n    open(sys.argv[1] + '/' + name, 'rb').read()\n"
+
+
+def test_what_readers_read_in_process_counts_by_source_as_through_the_mount(stores, mount):
+    """``fanfs stats`` counts what happened: the stored bytes a reader read in its own process count in the mount's
+    bytes read from each source (what a lazily staged node read through, a job node's peers), as the same reads
+    through a fresh mount count; from the reader's report at its end."""
+    names = sorted(str(p.relative_to(stores["src"])) for p in (stores["src"] / "photos").rglob("*.jpg"))
+    counted = {}
+    for way in ("in-process", "through"):
+        with mount(stores["plain"]) as mnt:
+            before = mount_stats(mnt)["by_source"]
+            if way == "in-process":
+                assert ": 10 files (" in under_run(mnt, sys.executable, "-c", READ_WHOLE, mnt, *names).stderr
+            else:
+                subprocess.run([sys.executable, "-c", READ_WHOLE, mnt, *names], check=True)
+            after = mount_stats(mnt)["by_source"]
+            counted[way] = {name: after[name] - before.get(name, 0) for name in after}
+    assert counted["in-process"] == counted["through"] and sum(counted["through"].values()) > 0, counted
+
+
 LEFT_TO_THE_MOUNT = r"""
 import errno, json, os, sys
 root = sys.argv[1]

@@ -152,6 +152,11 @@ class NodeStore:
     """What another process of this node needs, beside the peers, to build the same store (:func:`node_store` takes
     them back): an in-process reader of the node's mount (``fanfs run``), or of a node serving without one."""
 
+    def counters(self) -> dict[str, Any]:
+        """What this process counted of the node's cache and peers: counters that add up over the node's processes
+        (its mount's serving processes, its in-process readers) for ``fanfs stats``."""
+        return {**(self.client.counters() if self.client is not None else {}), **self.share.counters()}
+
 
 def node_store(store_root: str, index: Index, rank: int, nodes: int, replicas: int, local_dir: str,
                staged: Presentation, client: PeerClient | None, cache_size: int, *, lazy: bool = False,

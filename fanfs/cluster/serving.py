@@ -168,13 +168,11 @@ def serve_job(plan: Plan, mountpoint: str, end: PeerEnd, lock: MountLock) -> Non
                             "remote_latency_mean_ms": round(counters["remote_latency_total_ms"] / max(1, requests), 3),
                             **server.stats()}}
 
-    def counters() -> Counters:  # kept in each serving process
-        return {**client.counters(), **cache.counters()}
 
     def recipe() -> dict[str, Any]:  # what an in-process reader of the node's mount builds the same store from
         return {"kind": "node", "facts": node_facts(plan, node), "key": end.key.private.hex()}
 
-    hooks = Hooks(on_ready=ready, serving=server.start, counters=counters, extra_stats=stats, commands=cache.commands,
+    hooks = Hooks(on_ready=ready, serving=server.start, counters=node.counters, extra_stats=stats, commands=cache.commands,
                   on_present=cache.present, recipe=recipe, close=cache.close)
     try:
         if wake is not None:

@@ -18,6 +18,7 @@ import os
 import select
 import threading
 import time
+from typing import Any
 
 from ..errors import FanfsError
 from ..records import Presentation
@@ -68,11 +69,13 @@ class MountView:
         if recipe.get("kind") == "node":
             from ..cluster.nodeview import node_reader  # a job node's peers, cache and staging: only on a job's node
             key = bytes.fromhex(recipe["key"]) if recipe.get("key") else None
-            self.store = node_reader(recipe["facts"], key, index, CACHE_SIZE, mountpoint).store
+            node = node_reader(recipe["facts"], key, index, CACHE_SIZE, mountpoint)
+            self.store, self._node_counters = node.store, node.counters  # its cache's and peers' counters
         else:
             shards = LocalShards(os.path.join(root, SHARD_DIR), bytes.fromhex(index.meta["store_id"]),
                                  network=bool(recipe.get("network")))
             self.store = Store(root, cache_size=CACHE_SIZE, index=index, sources=[shards], check_shards=False)
+            self._node_counters = dict
         if "reads" in memory:
             self.store.follow_reads(memory["reads"])  # its read-ahead of a known order sees this process's reads
         extents = self.store.extents
@@ -83,6 +86,7 @@ class MountView:
         self._probed = 0.0  # when the daemon was last seen alive
         self._lock = threading.Lock()
         self.files = self.bytes = self.to_mount = 0  # opened here, their bytes, and opens left to the mount
+        self._said: dict[str, Any] = {}  # the counters of the mount's kind (:meth:`_counters`) last said to it
 
     def serving(self) -> bool:
         """Whether the mount serves now: its shown memory says so, and its daemon lived :data:`PROBE` ago."""
@@ -111,13 +115,37 @@ class MountView:
         """In a forked child: counts of its own, from zero, and a lock of its own."""
         self._lock = threading.Lock()
         self.files = self.bytes = self.to_mount = 0
+        self._said = self._counters()  # the parent's to say
 
-    def take_counts(self) -> dict[str, int]:
-        """What this process read here since it last said (and zero from now on)."""
+    def take_counts(self) -> dict[str, Any]:
+        """What this process read here since it last said (and zero from now on): files and bytes presented, opens
+        left to the mount, and ``counters`` as the mount's own serving processes count them (stored bytes by
+        source; a job node's cache hits and fills, requests to peers) for the mount to add to its own."""
         with self._lock:
-            counts = {"files": self.files, "bytes": self.bytes, "to_mount": self.to_mount}
+            counts: dict[str, Any] = {"files": self.files, "bytes": self.bytes, "to_mount": self.to_mount}
             self.files = self.bytes = self.to_mount = 0
+            now = self._counters()
+            counts["counters"], self._said = _since(now, self._said), now
         return counts
+
+    def _counters(self) -> dict[str, Any]:
+        return {"by_source": dict(self.store.stats.by_source), **self._node_counters()}
+
+
+
+def _since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """Counters ``now`` less what they were ``before`` (a largest value, ``*_max*``, is itself: the mount keeps the
+    largest); those that did not move are left out."""
+    moved: dict[str, Any] = {}
+    for name, value in now.items():
+        old = before.get(name)
+        if isinstance(value, dict):
+            value = _since(value, old if isinstance(old, dict) else {})
+        elif "_max" not in name and old is not None:
+            value -= old
+        if value:
+            moved[name] = value
+    return moved
 
 
 class _Liveness:

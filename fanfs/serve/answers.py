@@ -40,6 +40,7 @@ class MountAnswers:
         self._layered = bool(store.index.layers.size) and int(store.index.layers.max()) > 1  # stats: bytes per layer
         self._processes: ServingProcesses | None = None  # the serving processes, once forked
         self._in_process = dict.fromkeys(IN_PROCESS, 0)  # what readers read in their own processes (fanfs run)
+        self._in_process_counters: Counters = {}  # and what they counted as the serving processes count (summed)
 
     def handlers(self) -> dict[str, Handler]:
         assert self.fs is not None
@@ -83,7 +84,7 @@ class MountAnswers:
         fs, store, hooks = self.fs, self.store, self.hooks
         assert fs is not None
         parts = self._processes.counters() if self._processes is not None else [self.counters()]
-        summed = merge_counters(parts)
+        summed = merge_counters([*parts, self._in_process_counters])  # the readers' reads count as the mount's
         window = current(self.mountpoint) or fs.readahead()  # now: an administrator may have raised it since
         return {"store": store.root, **fs.presentation, "workers": self.options.workers, "readahead": window,
                 "reads_by_process": [part.get("reads", 0) for part in parts], **summed,
@@ -94,13 +95,19 @@ class MountAnswers:
                 **(hooks.extra_stats(summed) if hooks.extra_stats else {})}
 
     def count_in_process(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A reader process of ``fanfs run`` says, as it ends, what it read in-process and what it left to the mount."""
+        """A reader process of ``fanfs run`` says, as it ends, what it read in-process and what it left to the mount,
+        and its ``counters`` as the serving processes count (stored bytes by source, a job node's cache and peers):
+        only numbers under names of the mount's own counters (and sources), which ``stats`` adds to theirs."""
         counts = {name: message.get(name) for name in IN_PROCESS[1:]}
-        if not all(type(value) is int and value >= 0 for value in counts.values()):
-            raise ValueError(f"in-process counts are {', '.join(IN_PROCESS[1:])}: whole numbers")
+        counters = message.get("counters", {})
+        known = {**self.counters(), "by_source": dict.fromkeys((source.name for source in self.store.sources), 0)}
+        if not (all(type(value) is int and value >= 0 for value in counts.values()) and _counts_of(counters, known)):
+            raise ValueError(f"in-process counts are {', '.join(IN_PROCESS[1:])}: whole numbers; counters: numbers of "
+                             "the mount's own")
         self._in_process["processes"] += 1
         for name, value in counts.items():
             self._in_process[name] += value
+        self._in_process_counters = merge_counters([self._in_process_counters, counters])
         return {}
 
     def present(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -114,3 +121,11 @@ class MountAnswers:
         if self.hooks.on_present is not None:
             self.hooks.on_present(fs.presentation)
         return answer
+
+
+def _counts_of(given: Any, known: Counters) -> bool:
+    """Whether ``given`` holds only numbers (at least 0), under names ``known`` has, nested as there."""
+    return isinstance(given, dict) and all(
+        name in known and (_counts_of(value, known[name]) if isinstance(known[name], dict)
+                           else type(value) in (int, float) and 0 <= value < float("inf"))
+        for name, value in given.items())

@@ -145,11 +145,23 @@ class ExtentPlaces:
         if spliced:
             stats.bytes_spliced += located.length
 
-    def vouch(self, blob: int, source: int) -> None:
+    def vouch(self, blob: int, shard: int, source: int) -> None:
         """The blob's bytes where ``source`` keeps them were just read and checked (by the copy path); not taken from a
-        source whose copy was seen cut: read while it is cut, a chunk may come back changed when it is whole again."""
-        if not self._was_cut[source]:
-            self._verified[blob] = source + 1
+        source whose copy was seen cut: read while it is cut, a chunk may come back changed when it is whole again.
+        The copy's identity is recorded as :meth:`_check` records it, so that a change since is seen (:meth:`_covers`):
+        the copy path is what reads an extent first, before its shard is open for splices."""
+        if self._was_cut[source]:
+            return
+        if not self._filled[source]:  # (a copy filled as it serves is judged by its size)
+            try:
+                fd = self._sources[source].descriptor(blob, shard)  # type: ignore[attr-defined]
+                identity = _identity(os.fstat(fd)) if fd is not None else 0
+            except (OSError, FanfsError, NotHeld):
+                return
+            if not identity or self._changed[source, shard] not in (0, identity):
+                return  # changed since another chunk of it was verified: verified again by a read of its own
+            self._changed[source, shard] = identity
+        self._verified[blob] = source + 1
 
     def _place(self, entry: int, offset: int, end: int, wait: bool) -> tuple[_Stream, int, range] | None:
         """The stream and position of bytes ``[offset, end)`` in the first copy that holds them as one run, each chunk

@@ -76,6 +76,9 @@ for top in filter(None, [args.source, args.images]):
                 report["images"] += 1
 if fs is not None:
     report["remote_requests"] = fs.stats()["remote_requests"]
+if report["run"]:  # what this process read in-process is told now, not at its end: the counts below have it
+    from fanfs.inproc.hook import report as tell_the_mounts
+    tell_the_mounts()
 after = subprocess.run([sys.executable, "-m", "fanfs", "stats", args.mnt, "--json"], capture_output=True, text=True)
 report["cache"] = json.loads(after.stdout).get("cache") if after.returncode == 0 else None  # a lazily staged node's
 report["in_process_files"] = json.loads(after.stdout).get("in_process", {}).get("files") if after.returncode == 0 else None
