@@ -150,18 +150,21 @@ class ExtentPlaces:
         source whose copy was seen cut: read while it is cut, a chunk may come back changed when it is whole again.
         The copy's identity is recorded as :meth:`_check` records it, so that a change since is seen (:meth:`_covers`):
         the copy path is what reads an extent first, before its shard is open for splices."""
-        if self._was_cut[source]:
+        if self._was_cut[source] or self._verified[blob] == source + 1:
             return
-        if not self._filled[source]:  # (a copy filled as it serves is judged by its size)
-            try:
-                fd = self._sources[source].descriptor(blob, shard)  # type: ignore[attr-defined]
-                identity = _identity(os.fstat(fd)) if fd is not None else 0
-            except (OSError, FanfsError, NotHeld):
-                return
-            if not identity or self._changed[source, shard] not in (0, identity):
-                return  # changed since another chunk of it was verified: verified again by a read of its own
-            self._changed[source, shard] = identity
+        if self._filled[source]:  # a copy filled as it serves: judged by its size, and its fill checked the blob
+            self._verified[blob] = source + 1
+            return
+        try:
+            fd = self._sources[source].descriptor(blob, shard)  # type: ignore[attr-defined]
+            identity = _identity(os.fstat(fd)) if fd is not None else 0
+        except (OSError, FanfsError, NotHeld):
+            return
+        if not identity or self._changed[source, shard] not in (0, identity):
+            return  # changed since another chunk of it was verified: verified again by a read of its own
+        self._changed[source, shard] = identity
         self._verified[blob] = source + 1
+        self._stats.bytes_verified += int(self._stored[blob])  # read and checked once in this copy, as by _check
 
     def _place(self, entry: int, offset: int, end: int, wait: bool) -> tuple[_Stream, int, range] | None:
         """The stream and position of bytes ``[offset, end)`` in the first copy that holds them as one run, each chunk

@@ -184,7 +184,8 @@ class Store:
                 continue
             if len(data) == length and checksum(data) == expected:
                 tally.stored(layer, source.name, length)
-                if self.extents is not None and self._in_place[i] and source.holds_in_place(blob):  # type: ignore[attr-defined]
+                if (self.extents is not None and self._in_place[i] and self.extents.is_extent[entry]
+                        and source.holds_in_place(blob)):  # type: ignore[attr-defined]
                     self.extents.vouch(blob, shard, i)  # these very bytes lie where an extent's read will splice them from
                 if problems and self._first_report(shard, f"used {source.name} after: {'; '.join(causes)}"):
                     log.warning("%s: used %s after: %s%s", self._describe(entry, blob), source.name, "; ".join(problems),
