@@ -49,7 +49,7 @@ SETTLE_SECONDS = 0.2
 """After a switch, names whose lookup was in flight are invalidated again once this long has passed."""
 DIRENTPLUS_MIN = 152
 """Bytes of the smallest listing row (``fuse_direntplus``: a 128-byte entry_out and a 24-byte dirent, then the name)."""
-WORKERS = 4
+READ_THREADS = 4
 """Threads answering reads that wait on a peer or a disk (each mostly blocked in a socket, a ``pread`` or a splice).
 More only queue on the interpreter lock: 2,000 cold 110 KB files from a disk, 4 readers, 1,250 of them handed over:
 8 threads 150 us of daemon CPU per file (25 futex calls per read handed over), 4 threads 105-110 us, 2 threads 110 us
@@ -73,15 +73,15 @@ def reply_extent(req: int, store: Store, entry: int, view: int, offset: int, siz
 
 
 class Deferred:
-    """Worker threads that answer read requests the loop hands over (their bytes are not in memory: they wait on a
+    """Threads that answer read requests the loop hands over (their bytes are not in memory: they wait on a
     disk or a peer), replying to the kernel themselves; several disk reads are in flight at once.  ``answered``
     counts the reads they answered."""
 
-    def __init__(self, store: Store, workers: int = WORKERS) -> None:
+    def __init__(self, store: Store, threads: int = READ_THREADS) -> None:
         self.store = store
         self.answered = 0
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name="fanfs-read", daemon=True) for _ in range(workers)]
+        self._threads = [threading.Thread(target=self._work, name="fanfs-read", daemon=True) for _ in range(threads)]
         for thread in self._threads:
             thread.start()
 

@@ -6,8 +6,9 @@ mount's ``/dev/fuse`` descriptor read the next request and answer it, so the dae
 itself, then forks N serving processes that inherit the session (the descriptor and libfuse's state)
 and each run libfuse's loop.  What they need is shared for free or set up before the fork:
 
-* the store: immutable, its index mapped from the page cache, its shard descriptors (``pread`` needs
-  no file offset); decoded-blob caches are per process;
+* the store: immutable, its index a sealed memory the daemon read and validated (mapped: the children and
+  ``fanfs run``'s readers share its pages), its shard descriptors (``pread`` needs no file offset); decoded-blob
+  caches are per process;
 * per name the view the kernel was told, and the presentation (:class:`.fusefs.Shown`, in shared
   memory): a switch is made once, by the parent, and its invalidations go out once, from it;
 * counters: each process keeps its own, and answers the parent's numbered "counters?" on a socket of its own, with
