@@ -16,6 +16,7 @@ from fanfs_command import fanfs, stats_command
 from support.crafting import rewrite
 
 from fanfs.serve import control
+from fanfs.store import Store
 from fanfs.store.format import INDEX_NAME, SHARD_DIR, SHARD_HEADER
 
 pytestmark = pytest.mark.in_process_too  # issue 48: every read test of the mount, in-process too
@@ -142,11 +143,11 @@ def test_an_extent_whose_copy_is_cut_after_it_was_verified_is_never_served_short
 
 
 @pytest.mark.parametrize("copy", ["store", "staged"])
-def test_an_extent_first_read_by_the_copy_path_then_changed_in_place_never_serves_the_change(large_file, tmp_path,
-                                                                                               mount, copy):
-    """An extent's first read goes through the copy path (its shard is not open for splices yet: opened by that read),
-    which checks each chunk and vouches for it where it lies; the copy is then written in place (``rsync --inplace``),
-    never cut: its change time and size say so, as for a chunk verified for a splice, and no changed byte is served."""
+def test_an_extent_first_read_by_a_fresh_mount_then_changed_in_place_never_serves_the_change(large_file, tmp_path,
+                                                                                              mount, copy):
+    """A fresh mount's first read of an extent (its shard opened then, off the serving loop) verifies its chunks; the
+    copy is then written in place (``rsync --inplace``), never cut: its change time and size say so, and no changed
+    byte is served."""
     src, original = large_file
     store = tmp_path / "store"
     shutil.copytree(original, store)
@@ -163,6 +164,33 @@ def test_an_extent_first_read_by_the_copy_path_then_changed_in_place_never_serve
             f.seek(first + 2 * MIB + 300)
             f.write(bytes([whole[first + 2 * MIB + 300] ^ 0xFF]))
         _never_the_changed_byte(path, want)
+
+
+def test_a_chunk_the_copy_path_vouched_for_is_verified_again_once_its_copy_changed(large_file, tmp_path):
+    """The store's copy path (a read that cannot be located in one copy: pieces in several, a peer's) checks each chunk
+    it reads and vouches for it where it lies, so that a splice of it needs no second read; the copy written in place
+    since (``rsync --inplace``) is seen by its change time and size, as for a chunk verified for a splice: a read that
+    would splice or ``pread`` it checks it again and never returns the changed byte."""
+    src, original = large_file
+    shutil.copytree(original, tmp_path / "store")
+    want = (src / "big.raw").read_bytes()
+    store = Store(str(tmp_path / "store"))
+    try:
+        entry = store.lookup(b"big.raw")
+        assert store.blob(entry, int(store.index.first[entry]), keep=False) == want[:MIB]  # the copy path
+        victim = _copy_holding(tmp_path / "store" / SHARD_DIR, len(want))
+        at = victim.read_bytes().find(want[:MIB]) + 300
+        time.sleep(0.05)  # past a tick of the kernel's coarse clock, whose time a write then moves
+        with open(victim, "r+b") as f:
+            f.seek(at)
+            f.write(bytes([want[300] ^ 0xFF]))
+        buffer = bytearray(MIB)
+        try:
+            assert store.readinto(entry, 0, memoryview(buffer)) == MIB and buffer == want[:MIB], "a changed byte"
+        except OSError as err:
+            assert err.errno == errno.EIO, err
+    finally:
+        store.close()
 
 
 def _never_the_changed_byte(path: Path, want: bytes) -> None:

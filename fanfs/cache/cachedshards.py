@@ -79,7 +79,7 @@ class CachedShards(ShardSource):
             raise NotHeld("not kept by this node")
         return None
 
-    def place(self, blob: int, shard: int, offset: int) -> int | None:
+    def place(self, blob: int, shard: int, offset: int, wait: bool = True) -> int | None:
         """A kept blob that is here (never dropped while the mount serves); None for others (read them)."""
         if (state := self.cache.state(blob)) < AHEAD and not self._keep[blob]:
             raise NotHeld("not kept by this node")

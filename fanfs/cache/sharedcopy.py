@@ -220,8 +220,8 @@ class LeasedShards(HeldShards):
             pass
         self.spliced = self.lease is not None and self.lease.trusted
 
-    def place(self, blob: int, shard: int, offset: int) -> int | None:
-        found = super().place(blob, shard, offset)
+    def place(self, blob: int, shard: int, offset: int, wait: bool = True) -> int | None:
+        found = super().place(blob, shard, offset, wait)
         return found if self.spliced else None
 
     def holds_in_place(self, blob: int) -> bool:

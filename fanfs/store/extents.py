@@ -169,7 +169,7 @@ class ExtentPlaces:
     def _place(self, entry: int, offset: int, end: int, wait: bool) -> tuple[_Stream, int, range] | None:
         """The stream and position of bytes ``[offset, end)`` in the first copy that holds them as one run, each chunk
         verified there, the stream marked in use; None: not so."""
-        found = self._run(entry, offset, end)
+        found = self._run(entry, offset, end, wait)
         if found is None:
             return None
         source, start, blobs = found
@@ -190,14 +190,14 @@ class ExtentPlaces:
             return None
         return stream, position, blobs
 
-    def _run(self, entry: int, offset: int, end: int) -> tuple[int, int, range] | None:
+    def _run(self, entry: int, offset: int, end: int, wait: bool) -> tuple[int, int, range] | None:
         """The source whose copy holds the chunks of bytes ``[offset, end)`` as one run, where that run begins, and the
         chunks; None if no copy holds them so (a peer's, or pieces in several copies: the copy path reads them)."""
         chunk, first, shard = self._chunk, self._first[entry], self._shard[entry]
         blobs = range(first + offset // chunk, first + (end - 1) // chunk + 1)
         where = None
         for blob in blobs:
-            found = self._where(blob, shard)
+            found = self._where(blob, shard, wait)
             if found is None:
                 return None
             source, position = found
@@ -258,13 +258,13 @@ class ExtentPlaces:
         self._forget(located.stream.source)
         self._fault(located.entry, located.blobs[0], f"{self._sources[located.stream.source].name}: {why}")
 
-    def _where(self, blob: int, shard: int) -> tuple[int, int] | None:
+    def _where(self, blob: int, shard: int, wait: bool) -> tuple[int, int] | None:
         """The first source that may hold the blob, and where it keeps it (None: that source cannot say)."""
         for i, source in enumerate(self._sources):
             if not self._in_place[i]:
                 return None  # a peer: read by the copy path
             try:
-                place = source.place(blob, shard, self._offset[blob])  # type: ignore[attr-defined]
+                place = source.place(blob, shard, self._offset[blob], wait)  # type: ignore[attr-defined]
             except NotHeld:
                 continue
             except (OSError, FanfsError):  # a copy gone bad: the copy path says so, and asks the next source

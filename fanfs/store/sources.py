@@ -55,10 +55,10 @@ class InPlace(Protocol):
     """A source whose blobs lie in files of this node, where an extent's read may splice them from
     (:mod:`fanfs.store.extents`)."""
 
-    def place(self, blob: int, shard: int, offset: int) -> int | None:
+    def place(self, blob: int, shard: int, offset: int, wait: bool = True) -> int | None:
         """Where in a file of this node the blob's stored bytes lie; None if this source cannot say now (a copy not
-        made yet; a file on a network file system, never spliced): the store reads it with ``read``.  NotHeld, as
-        ``read`` raises it."""
+        made yet; a file on a network file system, never spliced; ``wait=False``, a file not open yet): the store
+        reads it with ``read``.  NotHeld, as ``read`` raises it."""
         ...
 
     def holds_in_place(self, blob: int) -> bool:
@@ -208,9 +208,13 @@ class LocalShards(ShardSource):
     def descriptor(self, blob: int, shard: int) -> int | None:
         return None if self.deadline is not None else self._fd(shard)
 
-    def place(self, blob: int, shard: int, offset: int) -> int | None:
-        if self.deadline is not None or shard not in self._fds:
-            return None  # not opened yet (checked: there, a regular file, this store's): the copy path's read opens it
+    def place(self, blob: int, shard: int, offset: int, wait: bool = True) -> int | None:
+        if self.deadline is not None:
+            return None
+        if shard not in self._fds:
+            if not wait:
+                return None  # its open and header's check may read the disk: the copy path's thread opens it
+            self._fd(shard)  # there, a regular file, and this store's: checked once
         return offset
 
     def holds_in_place(self, blob: int) -> bool:
@@ -262,10 +266,10 @@ class HeldShards(LocalShards):
             raise NotHeld(f"blob {blob} is not in {self.name}")
         return super().descriptor(blob, shard)
 
-    def place(self, blob: int, shard: int, offset: int) -> int | None:
+    def place(self, blob: int, shard: int, offset: int, wait: bool = True) -> int | None:
         if not self.held[blob]:
             raise NotHeld(f"blob {blob} is not in {self.name}")
-        return super().place(blob, shard, offset)
+        return super().place(blob, shard, offset, wait)
 
 
 def check_shard_files(root: str, sizes: np.ndarray, store_id: bytes, keep: LocalShards | None = None) -> None:
