@@ -298,6 +298,7 @@ def test_an_argument_naming_a_path_is_that_path(tmp_path):
     assert Store(str(store)).read_file("f") == b"f"
 
 
+@pytest.mark.slow  # the quick subset's time (its promise keeps a quicker test)
 def test_a_single_file_packs_as_a_tree_of_that_file(dataset, tmp_path):
     """Issue 41: a labels file as a source was refused ('neither a directory nor an archive').  A regular file that is
     no archive is a tree of that one file: at the root as its name, or under PREFIX (through a symlink too, named as

@@ -216,6 +216,7 @@ def test_custom_scan_script(jpeg_store, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow  # the quick subset's time (its promise keeps a quicker test)
 def test_fidelity_says_what_it_measures_how_to_go_faster_and_when_it_ends(jpeg_store):
     """Issue 41: 'fanfs fidelity STORE --save' (500 sampled records by default) took 4 minutes without saying how to
     make it shorter.  It says at once how many it measures and that --sample N measures fewer, then where it is with

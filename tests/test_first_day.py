@@ -161,6 +161,7 @@ def test_setup_help_prints_its_usage_and_installs_nothing(tmp_path):
     assert not (tmp_path / "called").exists()
 
 
+@pytest.mark.slow  # the quick subset's time (its promise keeps a quicker test)
 def test_a_store_without_jpegs_gets_no_line_about_them(tmp_path, mount):
     """Issue 41: a store of plain files showed 'raw: ... (JPEG scans are compressed already)' in info and 'per layer
     1: ...' in stats.  Such lines only where they apply."""

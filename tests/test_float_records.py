@@ -316,6 +316,7 @@ def test_a_format1_index_cannot_hold_float_records(tmp_path):
         Store(str(store))
 
 
+@pytest.mark.slow  # the quick subset's time (its promise keeps a quicker test)
 def test_too_many_value_runs_keep_a_file_plain(tmp_path):
     """Issue 17.7: a reader decodes a record's header (16 bytes per run of values) whole, so a file with more
     than MAX_SEGMENTS runs is no float record: 65,537 float32 tensors split by int64 ones is kept as it is."""

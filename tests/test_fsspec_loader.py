@@ -108,6 +108,7 @@ def test_a_fork_while_another_thread_holds_the_store_locks(photo_stores):
     del loader
 
 
+@pytest.mark.slow  # the quick subset's time (its promise keeps a quicker test)
 def test_spawned_workers_open_the_store_from_its_arguments(photo_stores):
     dataset = StoreImageFolder(photo_stores[1]["progressive"], transform=to_pixels, fidelity="full")
     read_all(dataset, photo_stores[0], num_workers=2, multiprocessing_context="spawn")

@@ -175,6 +175,7 @@ def test_a_source_written_while_packed_is_refused_not_stored_torn(tmp_path):
     assert not list(tmp_path.glob("store*"))
 
 
+@pytest.mark.slow  # the quick subset's time (its promise keeps a quicker test)
 def test_force_over_a_mounted_store_warns_that_the_mount_serves_the_old_one(tmp_path, mount):
     """Issue 41: 'pack --force' over a store mounted right now said nothing, and the mount went on serving the old tree
     until it was remounted.  Now a line names the mount point and what to do; no mount of the store, no line."""

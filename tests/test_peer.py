@@ -415,6 +415,7 @@ def flood(address, count: int = 2000, patience: int = 5) -> list[socket.socket]:
     return socks
 
 
+@pytest.mark.slow  # the quick subset's time (its promise keeps a quicker test)
 def test_a_flood_of_connections_cannot_stop_a_node_serving(packed, tmp_path):
     """A local user holds thousands of silent connections to a node that may open 256 descriptors (as in the
     audit): the node keeps serving its members, its own reads find descriptors, its threads stay few."""

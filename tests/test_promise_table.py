@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mutants import REPO, Break, load, stale
 
 
@@ -45,6 +47,7 @@ def test_a_stale_row_is_found(tmp_path):
     ]
 
 
+@pytest.mark.slow  # the quick subset's time (meta: the table is checked by the whole suite)
 def test_every_promise_keeps_a_quick_test():
     """Issue 42: ``-m "not slow"`` runs, for every row, at least one of the tests that guard it (a whole module
     named marked slow, or every named test slow, leaves the promise to the slow suite alone)."""
@@ -55,6 +58,7 @@ def test_every_promise_keeps_a_quick_test():
     assert [b.name for b in load() if not quick.intersection(t.partition("[")[0] for t in b.tests)] == []
 
 
+@pytest.mark.slow  # the quick subset's time (meta: the table is checked by the whole suite)
 def test_every_row_says_whether_only_tests_that_need_root_guard_it():
     """Issue 49: a promise guarded only by tests that need root (marked ``root``: a plain user's run skips them, and
     its tools/mutants judges nothing) says so, ``needs = "root"``; a row that says so has no test a plain user runs.

@@ -214,6 +214,7 @@ def test_tiers_are_no_finer_than_quality_80_by_default(tiered):
     assert kept >= 3 and coarsened >= 10, (kept, coarsened)
 
 
+@pytest.mark.slow  # the quick subset's time (its promise keeps a quicker test)
 def test_tier_quality_trades_tier_bytes_for_sharpness(tiered, tmp_path):
     """``--tier-quality 100``: the sources' tables (as before the option); 50: smaller tiers, still the reduced
     image at the right size; full fidelity is the same scans whatever the tiers."""
