@@ -218,3 +218,20 @@ def test_the_prolog_opens_fuse_to_every_user(tmp_path):
     done = subprocess.run([REPO / "slurm" / "prolog.sh", device], env={}, capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert stat.S_IMODE(device.stat().st_mode) == 0o666
+
+
+def test_a_client_never_makes_a_job_s_runtime_directory_again(tmp_path):
+    """A job's node directory is removed as the job ends, its runtime directory in it first; a reader's last word to
+    the mount then (``fanfs run``'s report at exit, the task's ``fanfs stats``) made that runtime directory again, and
+    the node directory was left behind with it (scancel under load, 1 run in 3).  A client asks and fails; it makes
+    nothing."""
+    job_dir = tmp_path / "fanfs-1-n1-abcdefgh"
+    job_dir.mkdir()
+    env = {**os.environ, "FANFS_RUNTIME_DIR": str(job_dir / "run")}
+    done = subprocess.run([*FANFS, "stats", job_dir / "mnt"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    code = ("from fanfs.serve.control import ControlError, request\n"
+            "try:\n    request(%r, {'cmd': 'in_process', 'files': 1}, timeout=5)\n"
+            "except (ControlError, OSError):\n    pass\n") % str(job_dir / "mnt")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    assert list(job_dir.iterdir()) == []

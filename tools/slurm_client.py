@@ -151,7 +151,7 @@ class SlurmCluster:
 
     def cancel(self, job_id: int, signal_name: str | None = None, batch_only: bool = False) -> None:
         """``scancel ID``: cancel the job (its steps and batch shell get SIGCONT+SIGTERM, then
-        SIGKILL KillWait=2 s later; no more steps can start).  With ``signal_name`` (e.g. "TERM"),
+        SIGKILL KillWait=10 s later; no more steps can start).  With ``signal_name`` (e.g. "TERM"),
         only send that signal and do not cancel: to every step, or with ``batch_only`` to the batch
         shell alone (``scancel -b -s SIG``), which can then still run cleanup steps."""
         args = []

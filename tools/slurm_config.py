@@ -144,9 +144,11 @@ ReturnToService=2
 
 # No slurmdbd (so no sacct): keep finished jobs in "scontrol show job" for a day.
 MinJobAge=86400
-# Quick kills: SIGCONT+SIGTERM, then SIGKILL KillWait seconds later.  Time limits are whole
-# minutes and slurmctld checks them every 30 s: --time=1 ends the job 60-90 s after its start.
-KillWait=2
+# Kills: SIGCONT+SIGTERM, then SIGKILL KillWait seconds later (Slurm's default is 30): long enough for a node's
+# daemon to unmount and remove its job directory on a loaded host (2 s was not, at load 6), and no wait at all for
+# processes that end at SIGTERM.  Time limits are whole minutes and slurmctld checks them every 30 s: --time=1 ends
+# the job 60-90 s after its start.
+KillWait=10
 OverTimeLimit=0
 InactiveLimit=0
 UnkillableStepTimeout=30

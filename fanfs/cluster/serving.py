@@ -168,7 +168,6 @@ def serve_job(plan: Plan, mountpoint: str, end: PeerEnd, lock: MountLock) -> Non
                             "remote_latency_mean_ms": round(counters["remote_latency_total_ms"] / max(1, requests), 3),
                             **server.stats()}}
 
-
     def recipe() -> dict[str, Any]:  # what an in-process reader of the node's mount builds the same store from
         return {"kind": "node", "facts": node_facts(plan, node), "key": end.key.private.hex()}
 

@@ -132,7 +132,6 @@ class MountView:
         return {"by_source": dict(self.store.stats.by_source), **self._node_counters()}
 
 
-
 def _since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """Counters ``now`` less what they were ``before`` (a largest value, ``*_max*``, is itself: the mount keeps the
     largest); those that did not move are left out."""

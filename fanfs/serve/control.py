@@ -44,8 +44,9 @@ def _stem(mountpoint: str) -> str:
     return os.path.join(runtime_dir(), runtime_name(mountpoint))
 
 
-def socket_path(mountpoint: str) -> str:
-    return _stem(mountpoint) + ".sock"
+def socket_path(mountpoint: str, *, create: bool = True) -> str:
+    """The control socket's path (``create=False``: a client's, which makes no runtime directory)."""
+    return os.path.join(runtime_dir(create), runtime_name(mountpoint)) + ".sock"
 
 
 def log_path(mountpoint: str) -> str:
@@ -87,7 +88,7 @@ def _connect(mountpoint: str, timeout: float) -> socket.socket:
     nothing listening, on a mount point still mounted, is a daemon that ended without unmounting (it removes its
     socket as it ends): said so."""
     try:
-        return _dial(socket_path(mountpoint), timeout, os.getuid(), mountpoint)
+        return _dial(socket_path(mountpoint, create=False), timeout, os.getuid(), mountpoint)
     except ControlError:
         raise
     except OSError as err:

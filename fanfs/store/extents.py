@@ -148,8 +148,8 @@ class ExtentPlaces:
     def vouch(self, blob: int, shard: int, source: int) -> None:
         """The blob's bytes where ``source`` keeps them were just read and checked (by the copy path); not taken from a
         source whose copy was seen cut: read while it is cut, a chunk may come back changed when it is whole again.
-        The copy's identity is recorded as :meth:`_check` records it, so that a change since is seen (:meth:`_covers`):
-        the copy path is what reads an extent first, before its shard is open for splices."""
+        The copy's identity is recorded as :meth:`_check` records it, so that a change since is seen (:meth:`_covers`)
+        (the copy path reads a chunk no run of one copy holds: pieces in several copies, a read given up on)."""
         if self._was_cut[source] or self._verified[blob] == source + 1:
             return
         if self._filled[source]:  # a copy filled as it serves: judged by its size, and its fill checked the blob

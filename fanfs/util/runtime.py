@@ -34,10 +34,14 @@ class UnsafeDirError(FanfsError):
 _RUNTIME_REMEDY = f"remove it or set {RUNTIME_VARIABLE} to a private directory"
 
 
-def runtime_dir() -> str:
-    """The checked runtime directory (created if missing)."""
+def runtime_dir(create: bool = True) -> str:
+    """The checked runtime directory (created if missing).  ``create=False``, for a client: a runtime directory
+    given (a job's, inside its node directory) that is not there is FileNotFoundError, never made again (a reader's
+    last word to a mount, as its job ends, would leave it behind the job's cleanup)."""
     explicit = os.environ.get(RUNTIME_VARIABLE)
     if explicit:
+        if not create and not os.path.lexists(explicit):
+            raise FileNotFoundError(errno.ENOENT, "no runtime directory", explicit)
         return private_dir(explicit, "runtime directory", _RUNTIME_REMEDY)
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isdir(xdg):

@@ -62,4 +62,4 @@ def assert_nothing_left(slurm, job: int) -> None:
     deadline = time.monotonic() + 5  # a final state means Slurm saw the job's processes go
     while (left := leftovers(slurm, job)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not left, left
+    assert not left, (left, {p: sorted(os.listdir(p)) for p in left if os.path.isdir(p)}, slurm.output(job))
