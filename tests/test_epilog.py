@@ -13,6 +13,7 @@ After each: no mount, daemon, directory, socket or MPI segment of the job on any
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -178,7 +179,8 @@ def test_a_job_killed_outright_leaves_nothing_and_the_other_user_s_job_runs_on(c
     killed = jobs["fanfs-alice"]
     while pids := job_processes(killed):  # every process of alice's job at once, as the OOM killer may
         for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # ended since it was listed
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
     assert slurm.wait(killed, timeout=120).state in ("FAILED", "CANCELLED", "OUT_OF_MEMORY")
     nothing_left(killed, alice, work)

@@ -215,7 +215,7 @@ def test_another_shell_finds_a_mount_whose_runtime_directory_is_elsewhere(stores
             assert json.loads(fanfs("stats", mnt, "--json", env=shell).stdout)["reads"] == 0
             assert fanfs("umount", mnt, env=shell).stdout.startswith("unmounted")
             assert not os.path.ismount(mnt) and wait_ended(pid, 0)  # the daemon was found, and waited for
-        assert not any(p.suffix == ".sock" for p in (tmp_path / "shell-run").iterdir())
+        assert not (tmp_path / "shell-run").exists()  # the other shell's clients made nothing there (no socket)
     finally:
         if depth == "short":
             shutil.rmtree(job, ignore_errors=True)
