@@ -24,6 +24,7 @@ TOOLS = TESTS.parent / "tools"
 sys.path[:0] = [str(TESTS), str(TOOLS), *(str(TOOLS / folder) for folder in ("support", "emulated", "bench"))]
 
 from fanfs_command import fanfs, mounted  # noqa: E402
+from support.trees import make_spaced_tree  # noqa: E402
 
 SLURM_MODULES = {"test_slurm", "test_slurm_pack", "test_slurm_users", "test_time_limit", "test_slurm_local", "test_epilog",
                  "test_site_install", "test_slurm_shared"}
@@ -207,11 +208,7 @@ def local_users():
 def slurm_plain(tmp_path_factory) -> tuple[Path, Path]:
     """A source tree (names with spaces, sizes from 0 to ~200 KB) and its store."""
     root = tmp_path_factory.mktemp("plain")
-    src = root / "src"
-    for i in range(120):
-        path = src / f"dir {i % 4}" / f"file {i}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(i * 1700) + bytes(i * 300))
+    src = make_spaced_tree(root / "src")
     fanfs("pack", src, root / "store", "--shard-size", "256K", "--quiet")
     return src, root / "store"
 

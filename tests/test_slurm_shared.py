@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from fanfs_command import fanfs
 from support.slurm_jobs import SBATCH
+from support.trees import make_spaced_tree
 
 pytestmark = pytest.mark.slow  # a real Slurm, jobs of two users
 
@@ -47,11 +48,7 @@ def published(cluster):
     """A store a data manager published (open to all: 0755 from /tmp down), its source, and each node's directory of
     shared copies (``shared/{node}``, open to all and sticky, as an administrator makes it)."""
     top = cluster.base_dir / "data"
-    src = top / "src"
-    for i in range(120):
-        path = src / f"dir {i % 4}" / f"file {i}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(i * 1700) + bytes(i * 300))
+    src = make_spaced_tree(top / "src")
     fanfs("pack", src, top / "store", "--shard-size", "256K", "--quiet")
     for path in (top, *top.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)

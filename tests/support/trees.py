@@ -49,6 +49,16 @@ def make_torture_tree(root: Path) -> Path:
     return root
 
 
+def make_spaced_tree(src: Path) -> Path:
+    """120 files in 4 directories, names with spaces, sizes from 0 to ~200 KB (random bytes, then zeros): a job's
+    dataset in the Slurm tests."""
+    for i in range(120):
+        path = src / f"dir {i % 4}" / f"file {i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(i * 1700) + bytes(i * 300))
+    return src
+
+
 def tree_listing(root: Path) -> dict[bytes, tuple]:
     """Relative path -> (type, mode, size, mtime_ns, link target) for everything but special files."""
     out = {}
