@@ -40,13 +40,13 @@ def runtime_name(mountpoint: str, *, real: bool = False) -> str:
     return hashlib.sha1(os.fsencode(mountpoint if real else os.path.realpath(mountpoint))).hexdigest()[:16]
 
 
-def _stem(mountpoint: str) -> str:
-    return os.path.join(runtime_dir(), runtime_name(mountpoint))
+def _stem(mountpoint: str, create: bool = True) -> str:
+    return os.path.join(runtime_dir(create), runtime_name(mountpoint))
 
 
 def socket_path(mountpoint: str, *, create: bool = True) -> str:
     """The control socket's path (``create=False``: a client's, which makes no runtime directory)."""
-    return os.path.join(runtime_dir(create), runtime_name(mountpoint)) + ".sock"
+    return _stem(mountpoint, create) + ".sock"
 
 
 def log_path(mountpoint: str) -> str:
