@@ -156,8 +156,11 @@ def process_pool(jobs: int, initializer: Callable[..., None] | None = None,
 
 
 def terminate(pool: cf.ProcessPoolExecutor) -> None:
-    """Stop a pool now: cancel what is queued, kill the workers, reap them."""
+    """Stop a pool now: cancel what is queued, kill the workers, reap them, and wait for the pool's manager thread
+    to end (left running, it closes its wake-up pipe while the interpreter's exit writes to it: CPython 3.11 then
+    prints an ``OSError: Bad file descriptor`` traceback after the command's own error line)."""
     processes: dict[Any, Any] = dict(getattr(pool, "_processes", None) or {})
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in processes.values():
         with contextlib.suppress(Exception):
@@ -165,3 +168,5 @@ def terminate(pool: cf.ProcessPoolExecutor) -> None:
     for proc in processes.values():
         with contextlib.suppress(Exception):
             proc.join(5)
+    if manager is not None:
+        manager.join(5)
