@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import os
 import resource
-import select
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from fanfs.peers.placement import place
 from fanfs.store import Store
 from fanfs.store.format import SHARD_DIR
 from fanfs.store.sources import HeldShards
+from fanfs.util.files import readable
 
 KEYS = [NodeKey(), NodeKey()]  # rank 0: the client; rank 1: the server
 PUBLICS = [k.public for k in KEYS]
@@ -329,6 +329,7 @@ from fanfs.peers.peerwire import NodeKey
 from fanfs.peers.placement import place
 from fanfs.store import Store
 from fanfs.store.sources import HeldShards
+from fanfs.util.files import readable
 store_path, limit, client_public = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 store = Store(store_path)
@@ -606,8 +607,7 @@ def test_a_fresh_connection_is_never_evicted_before_its_request(served, monkeypa
 
 
 def _has_data(sock: socket.socket, wait: float) -> bool:
-    ready, _, _ = select.select([sock], [], [], wait)
-    return bool(ready)
+    return readable(sock.fileno(), wait)
 
 
 def test_a_members_untaken_replies_are_bounded_and_only_its_own_requests_wait(large, monkeypatch):

@@ -5,6 +5,7 @@ as the mount's, and everything the fast path does not handle left to the mount, 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -151,6 +152,28 @@ def test_what_readers_read_in_process_counts_by_source_as_through_the_mount(stor
             after = mount_stats(mnt)["by_source"]
             counted[way] = {name: after[name] - before.get(name, 0) for name in after}
     assert counted["in-process"] == counted["through"] and sum(counted["through"].values()) > 0, counted
+
+
+HOLDING_DESCRIPTORS = r"""
+import hashlib, json, os, resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # before the first open under the mount
+print(json.dumps({name: hashlib.sha256(open(os.path.join(sys.argv[1], name), "rb").read()).hexdigest()
+                  for name in sys.argv[2:]}))
+"""
+
+
+def test_a_reader_holding_over_a_thousand_descriptors_reads_in_process(stores, mount):
+    """A training process may hold more than 1,023 descriptors (its files, its workers' pipes, its sockets) before its
+    first open under the mount: the descriptors fanfs then opens get numbers ``select`` refuses (ValueError), so what
+    asks whether the daemon lives polls instead.  Every file reads in process, exact."""
+    src = stores["src"]
+    names = sorted(str(p.relative_to(src)) for p in (src / "photos").rglob("*.jpg"))
+    with mount(stores["plain"]) as mnt:
+        done = under_run(mnt, sys.executable, "-c", HOLDING_DESCRIPTORS, mnt, *names)
+        assert mount_stats(mnt)["in_process"]["files"] == len(names), done.stderr
+    assert json.loads(done.stdout) == {name: hashlib.sha256((src / name).read_bytes()).hexdigest() for name in names}
 
 
 LEFT_TO_THE_MOUNT = r"""

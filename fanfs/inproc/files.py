@@ -194,8 +194,9 @@ def mount_descriptor(path: str, ino: int, data: Any) -> int:
         raise OSError(errno.ESTALE, "the file's view is no longer the one the mount shows", path)
     from ..store.trust import sealed_copy
     copy = sealed_copy(data)
-    copy.close()  # the mapping; its memfd is the caller's
-    return copy.fd
+    fd = copy.detach()  # the caller's
+    copy.close()
+    return fd
 
 
 def _writable(data: bytes) -> memoryview:

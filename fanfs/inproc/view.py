@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import select
 import threading
 import time
 from typing import Any
@@ -29,6 +28,7 @@ from ..store.format import FILE, INDEX_NAME, SHARD_DIR
 from ..store.index import Index
 from ..store.sources import LocalShards
 from ..store.trust import is_sealed
+from ..util.files import readable
 
 CACHE_SIZE = 16 << 20
 """Decoded blobs a reader process keeps (a file read whole keeps none: its bytes are the file object's)."""
@@ -160,7 +160,7 @@ class _Liveness:
 
     def alive(self) -> bool:
         if self._fd is not None:
-            return not select.select([self._fd], [], [], 0)[0]  # readable once it ended (any thread may ask)
+            return not readable(self._fd, 0)  # readable once it ended (any thread may ask)
         try:
             os.kill(self._pid, 0)
         except ProcessLookupError:

@@ -23,6 +23,7 @@ from ..records import check_presentation
 from ..store import Store
 from ..store.format import INDEX_NAME, SHARD_DIR
 from ..util.deadline import Deadline, Stalled, deadline_for, within
+from ..util.files import readable
 from ..util.mounts import mount_owner, mounted, unmount
 from ..util.processes import held_in_kernel, wait_ended
 from ..util.runtime import runtime_dir
@@ -223,13 +224,11 @@ def _report(fd: int, message: str) -> None:
 
 def _await(fd: int, timeout: float) -> str:
     """The daemon's first message; if it dies silently, say so."""
-    import select
     deadline = time.monotonic() + timeout
     chunks = []
     with os.fdopen(fd, "rb") as pipe:
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([pipe], [], [], 0.5)
-            if ready:
+            if readable(pipe.fileno(), 0.5):
                 data = os.read(pipe.fileno(), 4096)
                 if not data:
                     break

@@ -26,6 +26,7 @@ import multiprocessing
 import multiprocessing.synchronize  # noqa: F401  (the locks' module: imported with the store, not at a first lock)
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,7 @@ import numpy as np
 
 from ..errors import FanfsError, NotHeld, WouldWait
 from ..util.checksum import checksum
+from ..util.files import closed_with
 from .resident import in_memory
 from .sources import InPlace, ShardSource
 
@@ -77,11 +79,13 @@ class ExtentPlaces:
         self._copies = len(self._sources) * max(1, int(index.shard_size.size))
         size = 8 * self._copies + self._blobs + len(self._sources)
         self.memory_fd: int | None = os.memfd_create("fanfs-extents", os.MFD_CLOEXEC)  # for a mount's readers
+        self._release_memory = closed_with(self, [self.memory_fd])
         os.ftruncate(self.memory_fd, size)
         self._map(mmap.mmap(self.memory_fd, size))  # shared with the processes forked after, and readers that adopt it
         # sources written while they serve (a lazy cache's fills): their change time moves by design
         self._filled = [bool(getattr(source, "written_while_serving", False)) for source in self._sources]
-        self._streams: OrderedDict[int, _Stream] = OrderedDict()
+        self._streams: OrderedDict[int, _Stream] = OrderedDict()  # only ever changed in place
+        weakref.finalize(self, _close_streams, self._streams)  # dropped without close(): their descriptors go
         self._lock = threading.Lock()
         self._verifying: list[Any] | None = None  # a lock per chunk number modulo VERIFY_LOCKS, made at first use
         self._verifying_shared = False
@@ -109,7 +113,7 @@ class ExtentPlaces:
 
     def _close_memory(self) -> None:
         if self.memory_fd is not None:
-            os.close(self.memory_fd)
+            self._release_memory()
             self.memory_fd = None
 
     def locate(self, entry: int, offset: int, size: int, wait: bool = True) -> Located | None:
@@ -355,16 +359,18 @@ class ExtentPlaces:
         self._lock = threading.Lock()
         if not self._verifying_shared:
             self._verifying = None  # another thread of the parent may have held one at the fork
-        for stream in self._streams.values():
-            os.close(stream.fd)
-        self._streams.clear()
+        _close_streams(self._streams)
 
     def close(self) -> None:
         with self._lock:
-            for stream in self._streams.values():
-                os.close(stream.fd)
-            self._streams.clear()
+            _close_streams(self._streams)
         self._close_memory()
+
+
+def _close_streams(streams: OrderedDict[int, _Stream]) -> None:
+    for stream in streams.values():
+        os.close(stream.fd)
+    streams.clear()
 
 
 def _identity(st: os.stat_result) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import FanfsError, NotHeld, StoreError, WouldWait
 from ..util.deadline import close_within, deadline_for, within
-from ..util.files import open_regular
+from ..util.files import closed_with, open_regular
 from .resident import NoWaitReads
 from .format import SHARD_DIR, SHARD_HEADER, check_shard_header, checksum, shard_name
 
@@ -153,7 +153,8 @@ class LocalShards(ShardSource):
         self.name = directory
         self._store_id = store_id
         self._scattered = scattered
-        self._fds: dict[int, int] = {}
+        self._fds: dict[int, int] = {}  # shard -> descriptor: only ever changed in place
+        closed_with(self, self._fds)
         self._lock = threading.Lock()
         self.deadline = None if network is False else deadline_for(directory)  # None on a local disk
         self._nowait = NoWaitReads()
@@ -228,7 +229,8 @@ class LocalShards(ShardSource):
 
     def close(self) -> None:
         with self._lock:
-            fds, self._fds = list(self._fds.values()), {}
+            fds = list(self._fds.values())
+            self._fds.clear()
         close_within(self.deadline, fds)  # a close may wait on a stalled server too (sshfs's flush)
 
     def stop_waiting(self) -> None:

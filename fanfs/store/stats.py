@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import FanfsError
+from ..util.files import closed_with
 from ..records import SIDE_LAYER, SIDE_LAYERS
 
 
@@ -64,6 +65,7 @@ class ReadClock:
         self.fd: int | None = None
         if shared is None:
             self.fd = os.memfd_create("fanfs-reads", os.MFD_CLOEXEC)
+            self._release = closed_with(self, [self.fd])
             os.ftruncate(self.fd, size)
             shared = mmap.mmap(self.fd, size)
         elif len(shared) != size:
@@ -72,5 +74,5 @@ class ReadClock:
 
     def close(self) -> None:
         if self.fd is not None:
-            os.close(self.fd)
+            self._release()
             self.fd = None

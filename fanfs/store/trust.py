@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable
 
 from ..errors import FanfsError
+from ..util.files import closed_with
 from ..util.runtime import create_private, runtime_dir
 
 RECORD_NAME = "validated-indexes"
@@ -82,9 +83,16 @@ _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_
 
 
 class SealedMemory(mmap.mmap):
-    """A read-only mapping of a sealed memfd; ``fd`` is the memfd (this process's, close-on-exec), to pass on."""
+    """A read-only mapping of a sealed memfd; ``fd`` is the memfd (this process's, close-on-exec), to pass on while
+    the mapping lives: it is closed when the mapping is collected, unless :meth:`detach` handed it over."""
 
     fd: int
+    _release: Callable[[], None]
+
+    def detach(self) -> int:
+        """The memfd, now the caller's to close."""
+        self._release.detach()  # type: ignore[attr-defined]  (a weakref.finalize)
+        return self.fd
 
 
 def sealed_memory(size: int, fill: Callable[[memoryview], None], name: str = "fanfs-index") -> SealedMemory:
@@ -109,6 +117,7 @@ def sealed_memory(size: int, fill: Callable[[memoryview], None], name: str = "fa
         os.close(fd)
         raise
     memory.fd = fd
+    memory._release = closed_with(memory, [fd])
     return memory
 
 

@@ -1,5 +1,6 @@
-"""Opening files that must be regular files: never blocks on a FIFO, never follows a planted symlink; and the file
-locks that processes of a node share a file by.
+"""Opening files that must be regular files: never blocks on a FIFO, never follows a planted symlink; the file
+locks that processes of a node share a file by; and descriptors: closed with the object that holds them, waited on
+whatever their number.
 
 A store's index and shards, a plan or a scan script may have been replaced by a FIFO (an ``open`` of it
 would block forever) or a device; every such open goes through :func:`open_regular`, which opens with
@@ -8,11 +9,15 @@ would block forever) or a device; every such open goes through :func:`open_regul
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import select
 import stat
 import struct
+import weakref
+from collections.abc import Callable
 
 from ..errors import FanfsError
 
@@ -87,3 +92,26 @@ def lock_held(fd: int, start: int = 0, length: int = 0) -> int:
     none: asked without taking one (``fd`` may be read-only)."""
     answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, start, length, 0))
     return _FLOCK.unpack(answer)[0]
+
+
+def closed_with(owner: object, fds: dict[int, int] | list[int]) -> Callable[[], None]:
+    """Descriptors ``owner`` holds (the values of a dict, or a list, emptied in place), closed when it is collected
+    or when the returned call is made, whichever comes first: a store dropped without ``close()`` keeps no shard or
+    memfd open (a process that opens stores one after another would run out of descriptors)."""
+    return weakref.finalize(owner, _close_held, fds)
+
+
+def _close_held(fds: dict[int, int] | list[int]) -> None:
+    held = list(fds.values()) if isinstance(fds, dict) else list(fds)
+    fds.clear()
+    for fd in held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` is readable within ``timeout`` seconds (0: now).  ``poll``, not ``select``: a process holding
+    more than 1,023 descriptors (a training job's files and sockets) gets numbers ``select`` refuses."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout * 1000))))
