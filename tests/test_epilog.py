@@ -196,7 +196,12 @@ def test_a_job_killed_outright_leaves_nothing_and_the_other_user_s_job_runs_on(c
     slurm.cancel(bob_job)
     assert slurm.wait(bob_job, timeout=120).state == "CANCELLED"
     nothing_left(bob_job, bob, work)
-    assert "nothing left on this node" in (work / f"epilog-{bob_job}-n1.log").read_text(), "the job cleaned up itself"
+    # the job cleaned up itself (test_slurm's scancel test shows it), or, on a machine too busy for it to within
+    # KillWait, the epilog did: of bob's job only
+    said = (work / f"epilog-{bob_job}-n1.log").read_text().splitlines()
+    own = f"fanfs cleanup: job {bob_job}: removed {work}/slurm/tmp/n1/fanfs-{bob_job}-n1-"
+    assert said == [f"fanfs cleanup: job {bob_job}: nothing left on this node"] or \
+        all(line.startswith(own) for line in said), said
 
 
 def test_a_plain_mount_in_a_batch_script_and_a_wipe_leave_nothing(cluster, local_users):

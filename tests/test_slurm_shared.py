@@ -9,6 +9,7 @@ disk is measured with the array staged per job (``FANFS_STAGE=full``) and shared
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -86,6 +87,16 @@ class Jobs:
     def end(self, user) -> Path:
         return self.dir / f"end-{user.pw_name}"
 
+    def cancel(self) -> bool:
+        """Cancel what is still queued or running and wait for it (whether there was any): a failed test's jobs must
+        not hold the nodes of the next test, which would find its own jobs pending."""
+        left = sorted({tag.split("_")[0] for tag in self.ids if self.cluster.state(tag).state in {"PENDING", "RUNNING"}})
+        if left:
+            self.cluster.run("scancel", *left, check=False)
+            for tag in self.ids:
+                self.cluster.wait(tag, timeout=120)
+        return bool(left)
+
     def ready(self, timeout: float = 180) -> None:
         """Until every job's task serves (the node staged and mounted)."""
         deadline = time.monotonic() + timeout
@@ -140,17 +151,33 @@ def epilog(shared: Path, node: str, keep: dict[str, str] | None = None) -> list[
     return [line for line in done.stdout.splitlines() if line.startswith("removed ")]
 
 
-def test_two_users_jobs_on_a_node_read_one_copy_staged_once(cluster, published, local_users, fuse_for_users):
+@pytest.fixture
+def new_jobs(cluster, published):
+    """Makes a scenario's ``Jobs``; what any of them left queued or running is cancelled after the test."""
+    made: list[Jobs] = []
+
+    def make() -> Jobs:
+        made.append(Jobs(cluster, published))
+        return made[-1]
+
+    yield make
+    if any(jobs.cancel() for jobs in made):  # what they left, as the site's epilog would clean it
+        for node in cluster.nodes:
+            clean_after_kill(cluster, node)
+            epilog(published[2], node)
+
+
+def test_two_users_jobs_on_a_node_read_one_copy_staged_once(cluster, published, local_users, fuse_for_users, new_jobs):
     alice, bob = local_users
     src, store, shared = published
-    per_job = Jobs(cluster, published)  # before: the array staged once per task
+    per_job = new_jobs()  # before: the array staged once per task
     per_job.submit(alice, "-w", "n1", tasks=4, env={"FANFS_STAGE": "full"})
     per_job.ready()
     before = disk(*node_dirs(cluster, "n1"))
     per_job.go.touch()
     assert set(per_job.finish([alice]).values()) == {"COMPLETED"}, per_job.outputs()
 
-    jobs = Jobs(cluster, published)
+    jobs = new_jobs()
     jobs.submit(alice, "-w", "n1", tasks=4)
     jobs.submit(bob, "-w", "n1")
     jobs.submit(alice, "-N", "2")
@@ -216,7 +243,7 @@ def clean_after_kill(cluster, node: str) -> None:
 
 
 @pytest.mark.parametrize("end", ["scancel", "sigkill", "wipe", "keep"])
-def test_nothing_is_left_but_what_the_site_keeps(cluster, published, local_users, fuse_for_users, end):
+def test_nothing_is_left_but_what_the_site_keeps(cluster, published, local_users, fuse_for_users, new_jobs, end):
     """Two tasks of alice's array and bob's job on n1, one copy: ended by ``scancel`` (SIGTERM to every process: each
     lease goes, the last one's user removes the copy if it made it, else the epilog does), by SIGKILL of every job
     process (every lease goes with its process; the copy is left unused for the epilog), after a wipe of the node's
@@ -224,7 +251,7 @@ def test_nothing_is_left_but_what_the_site_keeps(cluster, published, local_users
     the site keeping unused copies up to a size (``FANFS_SHARED_KEEP``: it stays, unused, until a prune without it)."""
     alice, bob = local_users
     src, store, shared = published
-    jobs = Jobs(cluster, published)
+    jobs = new_jobs()
     keep = {"FANFS_SHARED_KEEP": "1G"} if end == "keep" else {}
     tags = [*jobs.submit(alice, "-w", "n1", tasks=2, env=keep), *jobs.submit(bob, "-w", "n1", env=keep)]
     jobs.ready()
@@ -235,7 +262,8 @@ def test_nothing_is_left_but_what_the_site_keeps(cluster, published, local_users
         assert epilog(shared, "n1") in ([], [f"removed {copy}"])
     elif end == "sigkill":
         for pid in job_processes(tags):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # one that ended since it was listed
+                os.kill(pid, signal.SIGKILL)
         assert {cluster.wait(tag).state for tag in tags} <= {"FAILED", "CANCELLED", "COMPLETED"}
         clean_after_kill(cluster, "n1")
         listed = json.loads(fanfs("shared", "list", shared / "n1", "--json").stdout)
