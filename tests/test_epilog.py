@@ -13,10 +13,8 @@ After each: no mount, daemon, directory, socket or MPI segment of the job on any
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ import pytest
 from fanfs_command import fanfs
 from slurm_client import FINAL_STATES, SlurmCluster
 from slurm_config import CONF_VAR
-from support.processes import mpi_segments, mpi_segments_left
+from support.processes import kill_at_one_blow, mpi_segments, mpi_segments_left
 from support.slurm_jobs import SBATCH, TASK
 
 pytestmark = pytest.mark.slow  # a real Slurm, jobs of two users
@@ -163,6 +161,19 @@ def wait_for(condition, slurm: SlurmCluster, jobs: dict[str, int], timeout: floa
         time.sleep(0.2)
 
 
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(cluster):
+    """Whatever a test did, its jobs are cancelled after it: a failed test's running job would be found by the next
+    one's checks (its socket, its processes) and fail it too."""
+    yield
+    slurm, _ = cluster
+    left = slurm.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+    if left:
+        slurm.run("scancel", *left, check=False)
+        for job in left:
+            slurm.wait(int(job.split("_")[0]), timeout=120)
+
+
 def test_a_job_killed_outright_leaves_nothing_and_the_other_user_s_job_runs_on(cluster, local_users):
     slurm, work = cluster
     alice, bob = local_users
@@ -177,11 +188,7 @@ def test_a_job_killed_outright_leaves_nothing_and_the_other_user_s_job_runs_on(c
     wait_for(lambda: len(list(outs["fanfs-alice"].glob("*.json"))) == 2 and len(list(outs["fanfs-bob"].glob("*.json"))),
              slurm, jobs)
     killed = jobs["fanfs-alice"]
-    while pids := job_processes(killed):  # every process of alice's job at once, as the OOM killer may
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):  # ended since it was listed
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
+    kill_at_one_blow(lambda: job_processes(killed))  # every process of alice's job
     assert slurm.wait(killed, timeout=120).state in ("FAILED", "CANCELLED", "OUT_OF_MEMORY")
     nothing_left(killed, alice, work)
     for node in NODES:  # the epilog removed what the job left (its mount, unless its rank lived to detach it)

@@ -9,12 +9,10 @@ disk is measured with the array staged per job (``FANFS_STAGE=full``) and shared
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from fanfs_command import fanfs
+from support.processes import kill_at_one_blow
 from support.slurm_jobs import SBATCH
 from support.trees import make_spaced_tree
 
@@ -261,9 +260,7 @@ def test_nothing_is_left_but_what_the_site_keeps(cluster, published, local_users
         assert {cluster.wait(tag).state for tag in tags} == {"CANCELLED"}
         assert epilog(shared, "n1") in ([], [f"removed {copy}"])
     elif end == "sigkill":
-        for pid in job_processes(tags):
-            with contextlib.suppress(ProcessLookupError):  # one that ended since it was listed
-                os.kill(pid, signal.SIGKILL)
+        kill_at_one_blow(lambda: job_processes(tags))
         assert {cluster.wait(tag).state for tag in tags} <= {"FAILED", "CANCELLED", "COMPLETED"}
         clean_after_kill(cluster, "n1")
         listed = json.loads(fanfs("shared", "list", shared / "n1", "--json").stdout)

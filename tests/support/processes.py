@@ -1,10 +1,13 @@
-"""What a process holds (its descriptors) and what MPI may leave behind (segments in /dev/shm)."""
+"""What a process holds (its descriptors), what MPI may leave behind (segments in /dev/shm), and killing processes
+at one blow."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -85,3 +88,20 @@ def stop(pid: int, seconds: float = 10) -> None:
             return
         time.sleep(0.005)
     raise AssertionError(f"process {pid} did not stop:\n{kernel_state(pid)}")
+
+
+def kill_at_one_blow(listing: Callable[[], list[int]]) -> None:
+    """SIGKILL every process ``listing()`` names as the OOM killer may end a job: all of them stopped first (and any
+    they start meanwhile), so that none sees another die and cleans up on its way out (on a busy machine one did),
+    then killed, until none is left."""
+    stopped: set[int] = set()
+    while fresh := set(listing()) - stopped:
+        for pid in fresh:
+            with contextlib.suppress(ProcessLookupError):  # ended since it was listed
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= fresh
+    while pids := listing():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
