@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +169,8 @@ def test_a_reader_holding_over_a_thousand_descriptors_reads_in_process(stores, m
     """A training process may hold more than 1,023 descriptors (its files, its workers' pipes, its sockets) before its
     first open under the mount: the descriptors fanfs then opens get numbers ``select`` refuses (ValueError), so what
     asks whether the daemon lives polls instead.  Every file reads in process, exact."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1200:
+        pytest.skip("this machine's hard limit of descriptors is under 1,200")
     src = stores["src"]
     names = sorted(str(p.relative_to(src)) for p in (src / "photos").rglob("*.jpg"))
     with mount(stores["plain"]) as mnt:
