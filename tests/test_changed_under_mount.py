@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from fanfs_command import fanfs, stats_command
 from support.crafting import rewrite
+from support.inject import inject
 
 from fanfs.serve import control
 from fanfs.store import Store
@@ -191,6 +192,31 @@ def test_a_chunk_the_copy_path_vouched_for_is_verified_again_once_its_copy_chang
             assert err.errno == errno.EIO, err
     finally:
         store.close()
+
+
+@pytest.mark.mount_only  # the daemon's clock of changes, emulated
+def test_a_copy_cut_then_whole_within_a_tick_of_a_coarse_clock_is_verified_again(large_file, tmp_path, mount,
+                                                                                   monkeypatch):
+    """On a kernel whose change times tick coarsely (RHEL 8 and 9), a copy cut and made whole again with one byte
+    changed, within a tick, keeps its change time and size: only having seen it cut tells that it may have changed.
+    Every chunk of a copy seen cut is verified again before it is spliced: the changed byte is never served."""
+    inject(monkeypatch, "os:fstat=faults.coarse_change_times(fstat)")
+    src, original = large_file
+    store = tmp_path / "store"
+    shutil.copytree(original, store)
+    want = (src / "big.raw").read_bytes()
+    with mount(store, "--local-dir", str(tmp_path / "local"), "--stage", "full") as mnt:
+        path = mnt / "big.raw"
+        assert path.read_bytes() == want  # every chunk verified in the staged copy
+        victim = _copy_holding(tmp_path / "local", len(want))
+        whole = victim.read_bytes()
+        os.truncate(victim, len(whole) - 3 * MIB)
+        _never_the_changed_byte(path, want)  # seen cut: from the store
+        changed = bytearray(whole)
+        changed[whole.find(want[:MIB]) + 100] ^= 0xFF  # in the extent's first chunk, which the cut never reached
+        with open(victim, "r+b") as f:
+            f.write(changed)
+        _never_the_changed_byte(path, want)
 
 
 def _never_the_changed_byte(path: Path, want: bytes) -> None:

@@ -30,3 +30,20 @@ def pausing(function: Callable, seconds: float) -> Callable:
         finally:
             time.sleep(seconds)
     return paused
+
+
+def coarse_change_times(fstat: Callable[..., os.stat_result], tick: float = 3600.0) -> Callable[..., os.stat_result]:
+    """``os.fstat`` as on a kernel whose change times tick coarsely (before Linux 6.13's fine-grained ones, a file's
+    change time moves once per timer tick): every change within one ``tick`` of seconds (an hour: any test's) leaves
+    the change time as it was, so a file cut and made whole again within it seems unchanged but for its size."""
+    step = int(tick * 1e9)
+
+    def stat(*args: Any, **kwargs: Any) -> os.stat_result:
+        st = fstat(*args, **kwargs)
+        ctime = st.st_ctime_ns - st.st_ctime_ns % step
+        fields = list(st[:os.stat_result.n_sequence_fields])
+        fields[9] = ctime // 10**9  # the sequence's st_ctime
+        extra = {name: getattr(st, name) for name in dir(st) if name.startswith("st_")}
+        extra.update(st_ctime=ctime / 1e9, st_ctime_ns=ctime)
+        return os.stat_result(fields, extra)
+    return stat
