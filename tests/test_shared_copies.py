@@ -95,8 +95,11 @@ def test_mounts_of_one_store_share_one_copy_that_goes_with_the_last(published, b
     assert copies_in(base) == [], "the last mount took it away"
 
 
-def test_mounts_started_at_once_stage_one_copy(published, base, tmp_path):
-    """Four mounts started at the same moment: one stages the copy, the others wait for it and copy nothing."""
+def test_mounts_started_at_once_stage_one_copy(published, base, tmp_path, monkeypatch):
+    """Four mounts started at the same moment: one stages the copy, the others wait for it and copy nothing.  Each
+    shard's staging pauses a moment, so that the others find it being staged (the Python start-ups of four processes
+    on two cores are further apart than a small store's whole staging)."""
+    inject(monkeypatch, "fanfs.cache.stage:stage_part=faults.pausing(stage_part, 0.3)")
     src, store, _ = published
     points = [tmp_path / f"m{i}" for i in range(4)]
     for point in points:
