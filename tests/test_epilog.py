@@ -104,15 +104,17 @@ def out_dir(cluster: SlurmCluster, user, name: str) -> Path:
 
 
 def job_processes(job: int) -> list[int]:
-    """The processes of a job (its SLURM_JOB_ID in their environment), Slurm's own slurmstepd aside."""
+    """The processes of a job (its SLURM_JOB_ID in their environment, its user's), Slurm's own slurmstepd aside, and
+    root's: the epilog has the job's id too (a kill of the job's processes that went on into it killed the epilog)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            owner = os.stat(f"/proc/{pid}").st_uid
         except OSError:
             continue
-        if f"SLURM_JOB_ID={job}".encode() in env and not command.startswith(b"slurmstepd"):
+        if f"SLURM_JOB_ID={job}".encode() in env and not command.startswith(b"slurmstepd") and owner != 0:
             found.append(int(pid))
     return found
 
