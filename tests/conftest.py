@@ -179,6 +179,7 @@ def slurm():
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         pytest.skip("needs Debian's slurmctld slurmd slurm-client munge (tools/setup --test installs them)")
     from slurm_cluster import slurm_cluster
+    from support.processes import remove_with_mounts
     from support.slurm_jobs import NODES
     shared = os.geteuid() == 0
     base = Path(tempfile.mkdtemp(prefix="fanfs-test-slurm-", dir="/tmp"))
@@ -187,7 +188,7 @@ def slurm():
         with slurm_cluster(base, nodes=NODES, shared=shared) as cluster:
             yield cluster
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        remove_with_mounts(base)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ After each: no mount, daemon, directory, socket or MPI segment of the job on any
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import pytest
 from fanfs_command import fanfs
 from slurm_client import FINAL_STATES, SlurmCluster
 from slurm_config import CONF_VAR
-from support.processes import kill_at_one_blow, mpi_segments, mpi_segments_left
+from support.processes import kill_at_one_blow, mpi_segments, mpi_segments_left, remove_with_mounts
 from support.slurm_jobs import SBATCH, TASK
 
 pytestmark = pytest.mark.slow  # a real Slurm, jobs of two users
@@ -92,7 +91,7 @@ def cluster(local_users):
         yield handle, work
     finally:
         subprocess.run([SLURM_LOCAL, "stop", "--dir", work / "slurm"], capture_output=True, timeout=120)
-        shutil.rmtree(work, ignore_errors=True)
+        remove_with_mounts(work)
         os.chmod("/dev/fuse", fuse)
 
 

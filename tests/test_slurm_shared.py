@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from fanfs_command import fanfs
-from support.processes import kill_at_one_blow
+from support.processes import kill_at_one_blow, remove_with_mounts
 from support.slurm_jobs import SBATCH
 from support.trees import make_spaced_tree
 
@@ -40,7 +40,7 @@ def cluster(local_users):
         with slurm_cluster(base, nodes=2, cpus_per_node=8, shared=True) as running:
             yield running
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        remove_with_mounts(base)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,13 @@
-"""What a process holds (its descriptors), what MPI may leave behind (segments in /dev/shm), and killing processes
-at one blow."""
+"""What a process holds (its descriptors), what MPI may leave behind (segments in /dev/shm), killing processes at one
+blow, and removing a test's tree with what a killed job left mounted in it."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -105,3 +107,14 @@ def kill_at_one_blow(listing: Callable[[], list[int]]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
+
+
+def remove_with_mounts(top: Path) -> None:
+    """Remove ``top`` whatever a failed test left in it: every mount under it detached first, deepest first (a job
+    killed outright leaves its dead mount, and ``rmtree`` cannot remove a mount point), then the tree."""
+    with open("/proc/mounts") as f:
+        inside = [line.split()[1] for line in f if line.split()[1].startswith(f"{top}/")]
+    for mountpoint in sorted(inside, key=len, reverse=True):
+        if subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", mountpoint], capture_output=True)
+    shutil.rmtree(top, ignore_errors=True)
